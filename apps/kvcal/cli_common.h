@@ -1,0 +1,30 @@
+// Shared pieces of the kvcal command line: each subcommand registers itself
+// with a parser and returns the function that runs it.
+#pragma once
+
+#include <functional>
+#include <string>
+
+#include <CLI/CLI.hpp>
+
+namespace kvcal::cli {
+
+// Global state the subcommands may read.
+struct Globals {
+  std::string command_line;  // argv joined, recorded as provenance
+  int verbosity = 1;         // 0 quiet, 1 normal, 2 verbose
+};
+
+using Runner = std::function<int(const Globals&)>;
+
+// Each subcommand: adds itself to `app` and returns its runner.
+Runner add_mask_gen(CLI::App& app);
+Runner add_mask_certify(CLI::App& app);
+
+// Joins argv into one shell-quoted string.
+std::string join_command_line(int argc, char** argv);
+
+// Formats a duration in seconds for progress lines.
+std::string seconds(double s);
+
+}  // namespace kvcal::cli

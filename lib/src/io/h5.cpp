@@ -1,0 +1,269 @@
+#include "io/h5.h"
+
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <ctime>
+#include <filesystem>
+#include <mutex>
+#include <system_error>
+
+#include "kvcal/core/version.h"
+
+namespace kvcal::detail {
+namespace fs = std::filesystem;
+
+void h5_init() {
+  static std::once_flag once;
+  std::call_once(once, [] { H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr); });
+}
+
+namespace {
+
+H5Handle attr_handle(hid_t obj, const std::string& name, const std::string& context) {
+  KVCAL_CHECK(has_attr(obj, name), "{}: missing attribute '{}'", context, name);
+  H5Handle a(H5Aopen(obj, name.c_str(), H5P_DEFAULT), H5Aclose);
+  KVCAL_CHECK(a.valid(), "{}: cannot open attribute '{}'", context, name);
+  return a;
+}
+
+// Checks the attribute holds exactly one element of the given class.
+void check_scalar(hid_t attr, H5T_class_t want, bool also_int, const std::string& name, const std::string& context) {
+  H5Handle type(H5Aget_type(attr), H5Tclose);
+  const H5T_class_t cls = H5Tget_class(type.get());
+  KVCAL_CHECK(cls == want || (also_int && cls == H5T_INTEGER), "{}: attribute '{}' has the wrong type", context,
+              name);
+  H5Handle space(H5Aget_space(attr), H5Sclose);
+  const hssize_t npoints = H5Sget_simple_extent_npoints(space.get());
+  KVCAL_CHECK(npoints == 1, "{}: attribute '{}' must hold one value, not {}", context, name, npoints);
+}
+
+template <typename T>
+void write_attr_native(hid_t obj, const std::string& name, hid_t mem_type, hid_t file_type, const T& value) {
+  if (has_attr(obj, name)) H5Adelete(obj, name.c_str());
+  H5Handle space(H5Screate(H5S_SCALAR), H5Sclose);
+  H5Handle attr(H5Acreate2(obj, name.c_str(), file_type, space.get(), H5P_DEFAULT, H5P_DEFAULT), H5Aclose);
+  KVCAL_CHECK(attr.valid() && H5Awrite(attr.get(), mem_type, &value) >= 0, "cannot write attribute '{}'", name);
+}
+
+template <typename T>
+void write_1d(hid_t loc, const std::string& name, hid_t mem_type, hid_t file_type, const std::vector<T>& data) {
+  const hsize_t dims[1] = {static_cast<hsize_t>(data.size())};
+  H5Handle space(H5Screate_simple(1, dims, nullptr), H5Sclose);
+  H5Handle ds(H5Dcreate2(loc, name.c_str(), file_type, space.get(), H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT),
+              H5Dclose);
+  KVCAL_CHECK(ds.valid(), "cannot create dataset '{}'", name);
+  if (!data.empty()) {
+    KVCAL_CHECK(H5Dwrite(ds.get(), mem_type, H5S_ALL, H5S_ALL, H5P_DEFAULT, data.data()) >= 0,
+                "cannot write dataset '{}' (disk full?)", name);
+  }
+}
+
+template <typename T>
+std::vector<T> read_1d(hid_t loc, const std::string& name, const std::string& context, std::int64_t max_elements,
+                       hid_t mem_type) {
+  KVCAL_CHECK(has_link(loc, name), "{}: missing dataset '{}'", context, name);
+  H5Handle ds(H5Dopen2(loc, name.c_str(), H5P_DEFAULT), H5Dclose);
+  KVCAL_CHECK(ds.valid(), "{}: '{}' is not a dataset", context, name);
+  H5Handle type(H5Dget_type(ds.get()), H5Tclose);
+  KVCAL_CHECK(H5Tget_class(type.get()) == H5T_INTEGER, "{}: dataset '{}' must hold integers", context, name);
+  H5Handle space(H5Dget_space(ds.get()), H5Sclose);
+  KVCAL_CHECK(H5Sget_simple_extent_ndims(space.get()) == 1, "{}: dataset '{}' must be one-dimensional", context,
+              name);
+  hsize_t dims[1] = {0};
+  H5Sget_simple_extent_dims(space.get(), dims, nullptr);
+  KVCAL_CHECK(dims[0] <= static_cast<hsize_t>(max_elements), "{}: dataset '{}' has {} elements, more than the {} its shape allows",
+              context, name, dims[0], max_elements);
+  std::vector<T> out(static_cast<std::size_t>(dims[0]));
+  if (!out.empty()) {
+    KVCAL_CHECK(H5Dread(ds.get(), mem_type, H5S_ALL, H5S_ALL, H5P_DEFAULT, out.data()) >= 0,
+                "{}: cannot read dataset '{}' (file truncated or corrupted?)", context, name);
+  }
+  return out;
+}
+
+std::string utc_now() {
+  const std::time_t t = std::chrono::system_clock::to_time_t(std::chrono::system_clock::now());
+  std::tm tm{};
+  gmtime_r(&t, &tm);
+  char buf[32];
+  std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%SZ", &tm);
+  return buf;
+}
+
+}  // namespace
+
+H5Handle open_artifact(const std::string& path, const std::string& expected_format, std::int64_t max_version,
+                       std::int64_t* version) {
+  h5_init();
+  std::error_code ec;
+  KVCAL_CHECK(fs::exists(path, ec), "{}: no such file", path);
+  KVCAL_CHECK(fs::is_regular_file(path, ec), "{}: not a regular file", path);
+  KVCAL_CHECK(access(path.c_str(), R_OK) == 0, "{}: permission denied", path);
+  const htri_t is_h5 = H5Fis_hdf5(path.c_str());
+  KVCAL_CHECK(is_h5 > 0, "{}: not an HDF5 file (wrong file, or damaged header)", path);
+  H5Handle file(H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT), H5Fclose);
+  KVCAL_CHECK(file.valid(), "{}: cannot open the HDF5 file (truncated or corrupted?)", path);
+  KVCAL_CHECK(has_attr(file.get(), "format"),
+              "{}: an HDF5 file but not a kvcal artifact (no root attribute 'format'); expected '{}'", path,
+              expected_format);
+  const std::string format = read_attr_string(file.get(), "format", path);
+  KVCAL_CHECK(format == expected_format, "{}: a '{}' artifact, but a '{}' file is needed here", path, format,
+              expected_format);
+  const std::int64_t v = read_attr_int(file.get(), "format_version", path);
+  KVCAL_CHECK(v >= 1 && v <= max_version,
+              "{}: format_version {} of '{}' is not readable by kvcal {} (it reads versions 1..{}); upgrade kvcal",
+              path, v, format, kVersion, max_version);
+  if (version) *version = v;
+  return file;
+}
+
+H5Handle open_group(hid_t loc, const std::string& name, const std::string& context) {
+  KVCAL_CHECK(has_link(loc, name), "{}: missing group '{}'", context, name);
+  H5Handle obj(H5Oopen(loc, name.c_str(), H5P_DEFAULT), H5Oclose);
+  KVCAL_CHECK(obj.valid(), "{}: cannot open '{}'", context, name);
+  KVCAL_CHECK(H5Iget_type(obj.get()) == H5I_GROUP, "{}: '{}' is not a group", context, name);
+  return obj;
+}
+
+H5Handle create_group(hid_t loc, const std::string& name) {
+  H5Handle g(H5Gcreate2(loc, name.c_str(), H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT), H5Gclose);
+  KVCAL_CHECK(g.valid(), "cannot create group '{}'", name);
+  return g;
+}
+
+bool has_link(hid_t loc, const std::string& name) { return H5Lexists(loc, name.c_str(), H5P_DEFAULT) > 0; }
+
+std::vector<std::string> list_links(hid_t loc) {
+  std::vector<std::string> names;
+  auto cb = [](hid_t, const char* name, const H5L_info_t*, void* data) -> herr_t {
+    static_cast<std::vector<std::string>*>(data)->emplace_back(name);
+    return 0;
+  };
+  H5Literate(loc, H5_INDEX_NAME, H5_ITER_INC, nullptr, cb, &names);
+  return names;
+}
+
+void write_attr(hid_t obj, const std::string& name, const std::string& value) {
+  if (has_attr(obj, name)) H5Adelete(obj, name.c_str());
+  H5Handle type(H5Tcopy(H5T_C_S1), H5Tclose);
+  H5Tset_size(type.get(), std::max<std::size_t>(value.size(), 1));
+  H5Tset_strpad(type.get(), H5T_STR_NULLPAD);
+  H5Tset_cset(type.get(), H5T_CSET_UTF8);
+  H5Handle space(H5Screate(H5S_SCALAR), H5Sclose);
+  H5Handle attr(H5Acreate2(obj, name.c_str(), type.get(), space.get(), H5P_DEFAULT, H5P_DEFAULT), H5Aclose);
+  const char* data = value.empty() ? "" : value.data();
+  KVCAL_CHECK(attr.valid() && H5Awrite(attr.get(), type.get(), data) >= 0, "cannot write attribute '{}'", name);
+}
+
+void write_attr(hid_t obj, const std::string& name, std::int64_t value) {
+  write_attr_native(obj, name, H5T_NATIVE_INT64, H5T_STD_I64LE, value);
+}
+
+void write_attr(hid_t obj, const std::string& name, double value) {
+  write_attr_native(obj, name, H5T_NATIVE_DOUBLE, H5T_IEEE_F64LE, value);
+}
+
+bool has_attr(hid_t obj, const std::string& name) { return H5Aexists(obj, name.c_str()) > 0; }
+
+std::string read_attr_string(hid_t obj, const std::string& name, const std::string& context) {
+  H5Handle attr = attr_handle(obj, name, context);
+  check_scalar(attr.get(), H5T_STRING, false, name, context);
+  H5Handle type(H5Aget_type(attr.get()), H5Tclose);
+  if (H5Tis_variable_str(type.get()) > 0) {
+    H5Handle mem(H5Tcopy(H5T_C_S1), H5Tclose);
+    H5Tset_size(mem.get(), H5T_VARIABLE);
+    char* value = nullptr;
+    KVCAL_CHECK(H5Aread(attr.get(), mem.get(), &value) >= 0 && value, "{}: cannot read attribute '{}'", context, name);
+    std::string out(value);
+    H5free_memory(value);
+    return out;
+  }
+  const std::size_t size = H5Tget_size(type.get());
+  KVCAL_CHECK(size > 0 && size < (1u << 20), "{}: attribute '{}' has an implausible size", context, name);
+  std::string out(size, '\0');
+  KVCAL_CHECK(H5Aread(attr.get(), type.get(), out.data()) >= 0, "{}: cannot read attribute '{}'", context, name);
+  out.resize(out.find('\0') == std::string::npos ? out.size() : out.find('\0'));
+  while (!out.empty() && out.back() == ' ') out.pop_back();  // space-padded strings
+  return out;
+}
+
+std::int64_t read_attr_int(hid_t obj, const std::string& name, const std::string& context) {
+  H5Handle attr = attr_handle(obj, name, context);
+  check_scalar(attr.get(), H5T_INTEGER, false, name, context);
+  std::int64_t v = 0;
+  KVCAL_CHECK(H5Aread(attr.get(), H5T_NATIVE_INT64, &v) >= 0, "{}: cannot read attribute '{}'", context, name);
+  return v;
+}
+
+double read_attr_double(hid_t obj, const std::string& name, const std::string& context) {
+  H5Handle attr = attr_handle(obj, name, context);
+  check_scalar(attr.get(), H5T_FLOAT, true, name, context);
+  double v = 0;
+  KVCAL_CHECK(H5Aread(attr.get(), H5T_NATIVE_DOUBLE, &v) >= 0, "{}: cannot read attribute '{}'", context, name);
+  return v;
+}
+
+void write_dataset_1d(hid_t loc, const std::string& name, const std::vector<std::int64_t>& data) {
+  write_1d(loc, name, H5T_NATIVE_INT64, H5T_STD_I64LE, data);
+}
+
+void write_dataset_1d(hid_t loc, const std::string& name, const std::vector<std::int32_t>& data) {
+  write_1d(loc, name, H5T_NATIVE_INT32, H5T_STD_I32LE, data);
+}
+
+std::vector<std::int64_t> read_int64_1d(hid_t loc, const std::string& name, const std::string& context,
+                                        std::int64_t max_elements) {
+  return read_1d<std::int64_t>(loc, name, context, max_elements, H5T_NATIVE_INT64);
+}
+
+std::vector<std::int32_t> read_int32_1d(hid_t loc, const std::string& name, const std::string& context,
+                                        std::int64_t max_elements) {
+  return read_1d<std::int32_t>(loc, name, context, max_elements, H5T_NATIVE_INT32);
+}
+
+void write_provenance(hid_t file, const std::string& format, std::int64_t format_version,
+                      const std::string& command_line) {
+  write_attr(file, "format", format);
+  write_attr(file, "format_version", format_version);
+  write_attr(file, "kvcal_version", std::string(kVersion));
+  write_attr(file, "command_line", command_line);
+  write_attr(file, "created_utc", utc_now());
+}
+
+std::string make_temp_path(const std::string& path) {
+  static std::atomic<unsigned> counter{0};
+  return fmt::format("{}.tmp.{}.{}", path, static_cast<long>(getpid()), counter++);
+}
+
+H5Handle create_file(const std::string& tmp_path, const std::string& final_path) {
+  h5_init();
+  std::error_code ec;
+  const fs::path target(final_path);
+  KVCAL_CHECK(!final_path.empty(), "output path is empty");
+  KVCAL_CHECK(!fs::is_directory(target, ec), "cannot write {}: it is a directory", final_path);
+  const fs::path dir = target.has_parent_path() ? target.parent_path() : fs::path(".");
+  KVCAL_CHECK(fs::is_directory(dir, ec), "cannot write {}: directory {} does not exist", final_path, dir.string());
+  KVCAL_CHECK(access(dir.c_str(), W_OK) == 0, "cannot write {}: directory {} is not writable", final_path,
+              dir.string());
+  H5Handle file(H5Fcreate(tmp_path.c_str(), H5F_ACC_EXCL, H5P_DEFAULT, H5P_DEFAULT), H5Fclose);
+  KVCAL_CHECK(file.valid(), "cannot create {} (permission denied, disk full or read-only file system?)", final_path);
+  return file;
+}
+
+void commit_file(H5Handle& file, const std::string& tmp_path, const std::string& final_path) {
+  KVCAL_CHECK(H5Fflush(file.get(), H5F_SCOPE_GLOBAL) >= 0, "cannot write {} (disk full?)", final_path);
+  const herr_t closed = H5Fclose(file.release());
+  KVCAL_CHECK(closed >= 0, "cannot write {} (disk full?)", final_path);
+  std::error_code ec;
+  fs::rename(tmp_path, final_path, ec);
+  KVCAL_CHECK(!ec, "cannot move the finished file into place at {}: {}", final_path, ec.message());
+}
+
+void discard_file(const std::string& tmp_path) {
+  std::error_code ec;
+  fs::remove(tmp_path, ec);
+}
+
+}  // namespace kvcal::detail

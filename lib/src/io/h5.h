@@ -1,0 +1,107 @@
+// Internal HDF5 helpers (C API with RAII handles). Every read treats the file
+// as untrusted: types, ranks and sizes are checked before data is read.
+#pragma once
+
+#include <hdf5.h>
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "kvcal/core/error.h"
+
+namespace kvcal::detail {
+
+// Silences HDF5's own error-stack printing (kvcal reports errors itself).
+void h5_init();
+
+class H5Handle {
+ public:
+  using Closer = herr_t (*)(hid_t);
+  H5Handle() = default;
+  H5Handle(hid_t id, Closer closer) : id_(id), closer_(closer) {}
+  H5Handle(const H5Handle&) = delete;
+  H5Handle& operator=(const H5Handle&) = delete;
+  H5Handle(H5Handle&& o) noexcept : id_(std::exchange(o.id_, H5I_INVALID_HID)), closer_(o.closer_) {}
+  H5Handle& operator=(H5Handle&& o) noexcept {
+    if (this != &o) {
+      reset();
+      id_ = std::exchange(o.id_, H5I_INVALID_HID);
+      closer_ = o.closer_;
+    }
+    return *this;
+  }
+  ~H5Handle() { reset(); }
+  void reset() {
+    if (id_ >= 0 && closer_) closer_(id_);
+    id_ = H5I_INVALID_HID;
+  }
+  hid_t get() const { return id_; }
+  hid_t release() { return std::exchange(id_, H5I_INVALID_HID); }
+  bool valid() const { return id_ >= 0; }
+
+ private:
+  hid_t id_ = H5I_INVALID_HID;
+  Closer closer_ = nullptr;
+};
+
+// Opens an existing kvcal artifact for reading; checks it is HDF5 and that its
+// root attribute `format` equals expected_format and `format_version` is
+// at most max_version. Returns the file handle; sets *version.
+H5Handle open_artifact(const std::string& path, const std::string& expected_format, std::int64_t max_version,
+                       std::int64_t* version);
+
+H5Handle open_group(hid_t loc, const std::string& name, const std::string& context);
+H5Handle create_group(hid_t loc, const std::string& name);
+bool has_link(hid_t loc, const std::string& name);
+std::vector<std::string> list_links(hid_t loc);
+
+// Attributes.
+void write_attr(hid_t obj, const std::string& name, const std::string& value);
+void write_attr(hid_t obj, const std::string& name, std::int64_t value);
+void write_attr(hid_t obj, const std::string& name, double value);
+bool has_attr(hid_t obj, const std::string& name);
+std::string read_attr_string(hid_t obj, const std::string& name, const std::string& context);
+std::int64_t read_attr_int(hid_t obj, const std::string& name, const std::string& context);
+double read_attr_double(hid_t obj, const std::string& name, const std::string& context);
+
+// 1-D datasets. `max_elements` bounds what a hostile file can make us allocate.
+void write_dataset_1d(hid_t loc, const std::string& name, const std::vector<std::int64_t>& data);
+void write_dataset_1d(hid_t loc, const std::string& name, const std::vector<std::int32_t>& data);
+std::vector<std::int64_t> read_int64_1d(hid_t loc, const std::string& name, const std::string& context,
+                                        std::int64_t max_elements);
+std::vector<std::int32_t> read_int32_1d(hid_t loc, const std::string& name, const std::string& context,
+                                        std::int64_t max_elements);
+
+// Provenance attributes every artifact carries at its root.
+void write_provenance(hid_t file, const std::string& format, std::int64_t format_version,
+                      const std::string& command_line);
+
+// Writes an artifact atomically: the callback fills a fresh HDF5 file at a
+// temporary path beside `path`; on success it is renamed over `path`, on any
+// failure it is removed and the error rethrown.
+template <typename Fill>
+void write_atomically(const std::string& path, Fill&& fill);
+
+// Non-template parts of write_atomically.
+std::string make_temp_path(const std::string& path);
+H5Handle create_file(const std::string& tmp_path, const std::string& final_path);
+void commit_file(H5Handle& file, const std::string& tmp_path, const std::string& final_path);
+void discard_file(const std::string& tmp_path);
+
+template <typename Fill>
+void write_atomically(const std::string& path, Fill&& fill) {
+  const std::string tmp = make_temp_path(path);
+  try {
+    H5Handle file = create_file(tmp, path);
+    fill(file.get());
+    commit_file(file, tmp, path);
+  } catch (...) {
+    discard_file(tmp);
+    throw;
+  }
+}
+
+}  // namespace kvcal::detail
