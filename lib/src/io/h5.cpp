@@ -237,8 +237,7 @@ std::string make_temp_path(const std::string& path) {
   return fmt::format("{}.tmp.{}.{}", path, static_cast<long>(getpid()), counter++);
 }
 
-H5Handle create_file(const std::string& tmp_path, const std::string& final_path) {
-  h5_init();
+void check_output_path(const std::string& final_path) {
   std::error_code ec;
   const fs::path target(final_path);
   KVCAL_CHECK(!final_path.empty(), "output path is empty");
@@ -247,6 +246,11 @@ H5Handle create_file(const std::string& tmp_path, const std::string& final_path)
   KVCAL_CHECK(fs::is_directory(dir, ec), "cannot write {}: directory {} does not exist", final_path, dir.string());
   KVCAL_CHECK(access(dir.c_str(), W_OK) == 0, "cannot write {}: directory {} is not writable", final_path,
               dir.string());
+}
+
+H5Handle create_file(const std::string& tmp_path, const std::string& final_path) {
+  h5_init();
+  check_output_path(final_path);
   H5Handle file(H5Fcreate(tmp_path.c_str(), H5F_ACC_EXCL, H5P_DEFAULT, H5P_DEFAULT), H5Fclose);
   KVCAL_CHECK(file.valid(), "cannot create {} (permission denied, disk full or read-only file system?)", final_path);
   return file;

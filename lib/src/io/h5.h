@@ -85,6 +85,10 @@ void write_provenance(hid_t file, const std::string& format, std::int64_t format
 template <typename Fill>
 void write_atomically(const std::string& path, Fill&& fill);
 
+// Throws kvcal::Error when an artifact cannot be created at final_path: it is
+// empty or a directory, or its directory is missing or not writable.
+void check_output_path(const std::string& final_path);
+
 // Non-template parts of write_atomically.
 std::string make_temp_path(const std::string& path);
 H5Handle create_file(const std::string& tmp_path, const std::string& final_path);

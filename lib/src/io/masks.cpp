@@ -36,6 +36,8 @@ void write_mask_file(const std::string& path, const std::vector<MaskRecord>& mas
   });
 }
 
+void check_mask_output_path(const std::string& path) { detail::check_output_path(path); }
+
 MaskFile read_mask_file(const std::string& path) {
   MaskFile out;
   H5Handle file = detail::open_artifact(path, kMaskFormat, kMaskFormatVersion, &out.format_version);
@@ -70,7 +72,11 @@ MaskFile read_mask_file(const std::string& path) {
     c.sigma2 = detail::read_attr_double(g.get(), "sigma2", ctx);
     c.ramanujan_bound = detail::read_attr_double(g.get(), "ramanujan_bound", ctx);
     c.ramanujan = detail::read_attr_int(g.get(), "ramanujan", ctx) != 0;
-    c.kind = parse_certificate_kind(detail::read_attr_string(g.get(), "certificate", ctx));
+    try {
+      c.kind = parse_certificate_kind(detail::read_attr_string(g.get(), "certificate", ctx));
+    } catch (const Error& e) {
+      fail("{}: {}", ctx, e.what());  // name the file and mask, like every other read error
+    }
     c.margin = detail::read_attr_double(g.get(), "certificate_margin", ctx);
     c.failure_probability = detail::read_attr_double(g.get(), "failure_probability", ctx);
     out.masks.push_back(std::move(rec));

@@ -37,6 +37,11 @@ struct MaskFile {
 // Writes the masks atomically (temporary file, then rename).
 void write_mask_file(const std::string& path, const std::vector<MaskRecord>& masks, const std::string& command_line);
 
+// Checks up front that write_mask_file can create `path` (not a directory; its
+// directory exists and is writable), so a long generation does not end in an
+// I/O error. Throws kvcal::Error otherwise.
+void check_mask_output_path(const std::string& path);
+
 // Reads a mask file. Throws kvcal::Error for anything that is not a readable
 // kvcal.masks file: missing or mistyped attributes and datasets, sizes that
 // do not match the stated shape. The CSR content itself is returned as

@@ -1,0 +1,42 @@
+// Independent dense computations the tests compare kvcal's results against.
+#pragma once
+
+#include <Eigen/Dense>
+#include <algorithm>
+#include <vector>
+
+#include "kvcal/graph/csr.h"
+
+namespace kvcal::test {
+
+inline Eigen::MatrixXd to_dense(const CsrMask& m) {
+  Eigen::MatrixXd b = Eigen::MatrixXd::Zero(m.rows, m.cols);
+  for (std::int64_t r = 0; r < m.rows; ++r) {
+    for (auto k = m.indptr[r]; k < m.indptr[r + 1]; ++k) b(r, m.indices[k]) += 1;
+  }
+  return b;
+}
+
+// All singular values, descending, by Eigen's dense SVD (no Lanczos involved).
+inline std::vector<double> dense_singular_values(const CsrMask& m) {
+  Eigen::JacobiSVD<Eigen::MatrixXd> svd(to_dense(m));
+  const Eigen::VectorXd s = svd.singularValues();
+  return {s.data(), s.data() + s.size()};
+}
+
+// Builds a CSR from a dense 0/1 pattern.
+inline CsrMask from_dense(const Eigen::MatrixXd& b) {
+  CsrMask m;
+  m.rows = b.rows();
+  m.cols = b.cols();
+  m.indptr.push_back(0);
+  for (Eigen::Index r = 0; r < b.rows(); ++r) {
+    for (Eigen::Index c = 0; c < b.cols(); ++c) {
+      if (b(r, c) != 0) m.indices.push_back(static_cast<std::int32_t>(c));
+    }
+    m.indptr.push_back(static_cast<std::int64_t>(m.indices.size()));
+  }
+  return m;
+}
+
+}  // namespace kvcal::test

@@ -1,0 +1,131 @@
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+
+#include <unistd.h>
+
+#include "io/h5.h"
+#include "kvcal/core/error.h"
+#include "kvcal/graph/generate.h"
+#include "kvcal/io/masks.h"
+
+namespace kvcal {
+namespace {
+namespace fs = std::filesystem;
+
+class IoTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = fs::temp_directory_path() / fs::path("kvcal_io_" + std::to_string(::getpid()) + "_" +
+                                                ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    fs::create_directories(dir_);
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+  std::string path(const std::string& name) const { return (dir_ / name).string(); }
+  bool only_file_is(const std::string& name) const {
+    int n = 0;
+    for (const auto& e : fs::directory_iterator(dir_)) n += e.path().filename() == name ? 1 : 100;
+    return n == 1;
+  }
+  fs::path dir_;
+};
+
+MaskRecord make_record(const std::string& id, std::uint64_t seed) {
+  MaskRecord r;
+  r.id = id;
+  r.mask = generate_random(resolve_shape(96, 128, 4, std::nullopt), seed);
+  r.method = "random";
+  r.seed = seed;
+  r.certificate = certify(r.mask);
+  return r;
+}
+
+TEST_F(IoTest, RoundTrip) {
+  const std::vector<MaskRecord> recs = {make_record("mask_0000", 1), make_record("mask_0001", 2)};
+  write_mask_file(path("m.h5"), recs, "kvcal mask-gen --test");
+  EXPECT_TRUE(only_file_is("m.h5")) << "temporary file left behind";
+  const MaskFile f = read_mask_file(path("m.h5"));
+  EXPECT_EQ(f.format_version, 1);
+  EXPECT_EQ(f.command_line, "kvcal mask-gen --test");
+  EXPECT_EQ(f.created_utc.size(), 20u);
+  ASSERT_EQ(f.masks.size(), 2u);
+  for (std::size_t i = 0; i < 2; ++i) {
+    EXPECT_EQ(f.masks[i].id, recs[i].id);
+    EXPECT_EQ(f.masks[i].mask, recs[i].mask);
+    EXPECT_EQ(f.masks[i].seed, recs[i].seed);
+    EXPECT_EQ(f.masks[i].method, "random");
+    EXPECT_EQ(f.masks[i].certificate.sigma2, recs[i].certificate.sigma2);
+    EXPECT_EQ(f.masks[i].certificate.kind, recs[i].certificate.kind);
+    EXPECT_EQ(f.masks[i].certificate.ramanujan, recs[i].certificate.ramanujan);
+  }
+}
+
+TEST_F(IoTest, OverwriteIsAtomicAndFailedWriteLeavesNothing) {
+  write_mask_file(path("m.h5"), {make_record("a", 1)}, "first");
+  // A record with an invalid HDF5 name fails mid-write: the old file stays intact.
+  MaskRecord bad = make_record("b", 2);
+  bad.id = "";
+  EXPECT_THROW(write_mask_file(path("m.h5"), {make_record("a", 3), bad}, "second"), Error);
+  EXPECT_TRUE(only_file_is("m.h5"));
+  EXPECT_EQ(read_mask_file(path("m.h5")).command_line, "first");
+}
+
+TEST_F(IoTest, UnwritableTargets) {
+  EXPECT_THROW(write_mask_file(path("missing_dir/m.h5"), {make_record("a", 1)}, ""), Error);
+  EXPECT_THROW(write_mask_file(dir_.string(), {make_record("a", 1)}, ""), Error);
+  EXPECT_TRUE(fs::is_empty(dir_));
+}
+
+TEST_F(IoTest, RejectsForeignAndDamagedFiles) {
+  EXPECT_THROW(read_mask_file(path("absent.h5")), Error);
+  { std::ofstream(path("text.h5")) << "not an hdf5 file\n"; }
+  EXPECT_THROW(read_mask_file(path("text.h5")), Error);
+  { std::ofstream(path("empty.h5")); }
+  EXPECT_THROW(read_mask_file(path("empty.h5")), Error);
+
+  write_mask_file(path("good.h5"), {make_record("a", 1)}, "");
+  const auto size = fs::file_size(path("good.h5"));
+  for (auto cut : {size / 2, size - 100, std::uintmax_t{600}}) {
+    fs::copy_file(path("good.h5"), path("cut.h5"), fs::copy_options::overwrite_existing);
+    fs::resize_file(path("cut.h5"), cut);
+    EXPECT_THROW(read_mask_file(path("cut.h5")), Error) << "truncated at " << cut;
+  }
+
+  // An HDF5 file with the wrong format, and one from a newer kvcal.
+  detail::h5_init();
+  {
+    detail::H5Handle f(H5Fcreate(path("other.h5").c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT), H5Fclose);
+    detail::write_attr(f.get(), "format", std::string("kvcal.bundle"));
+    detail::write_attr(f.get(), "format_version", std::int64_t{1});
+  }
+  try {
+    read_mask_file(path("other.h5"));
+    ADD_FAILURE() << "foreign format accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("kvcal.bundle"), std::string::npos) << e.what();
+  }
+  {
+    detail::H5Handle f(H5Fcreate(path("newer.h5").c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT), H5Fclose);
+    detail::write_attr(f.get(), "format", std::string("kvcal.masks"));
+    detail::write_attr(f.get(), "format_version", std::int64_t{99});
+  }
+  EXPECT_THROW(read_mask_file(path("newer.h5")), Error);
+  {
+    detail::H5Handle f(H5Fcreate(path("plain.h5").c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT), H5Fclose);
+  }
+  EXPECT_THROW(read_mask_file(path("plain.h5")), Error);
+}
+
+TEST_F(IoTest, RejectsInconsistentShapes) {
+  write_mask_file(path("m.h5"), {make_record("a", 1)}, "");
+  {
+    detail::H5Handle f(H5Fopen(path("m.h5").c_str(), H5F_ACC_RDWR, H5P_DEFAULT), H5Fclose);
+    detail::H5Handle g(H5Gopen2(f.get(), "/masks/a", H5P_DEFAULT), H5Gclose);
+    detail::write_attr(g.get(), "rows", std::int64_t{50});  // indptr has 97 entries
+  }
+  EXPECT_THROW(read_mask_file(path("m.h5")), Error);
+}
+
+}  // namespace
+}  // namespace kvcal
