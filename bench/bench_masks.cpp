@@ -38,7 +38,8 @@ void generate_and_certify(benchmark::State& state, MaskMethod method, std::int64
     exact += c.kind == CertificateKind::exact;
     benchmark::DoNotOptimize(c.sigma2);
   }
-  state.counters["masks_per_s"] = benchmark::Counter(static_cast<double>(state.iterations()), benchmark::Counter::kIsRate);
+  state.counters["masks_per_s"] =
+      benchmark::Counter(static_cast<double>(state.iterations()), benchmark::Counter::kIsRate);
   state.counters["ramanujan_frac"] = static_cast<double>(certified) / static_cast<double>(state.iterations());
   state.counters["exact_frac"] = static_cast<double>(exact) / static_cast<double>(state.iterations());
   state.counters["peak_rss_MiB"] = peak_rss_mib();
@@ -64,7 +65,8 @@ void generate_and_dense_eigen(benchmark::State& state, MaskMethod method, std::i
     Eigen::SelfAdjointEigenSolver<Eigen::MatrixXd> es(g, Eigen::EigenvaluesOnly);
     benchmark::DoNotOptimize(es.eigenvalues()[n - 2]);
   }
-  state.counters["masks_per_s"] = benchmark::Counter(static_cast<double>(state.iterations()), benchmark::Counter::kIsRate);
+  state.counters["masks_per_s"] =
+      benchmark::Counter(static_cast<double>(state.iterations()), benchmark::Counter::kIsRate);
   state.counters["peak_rss_MiB"] = peak_rss_mib();
 }
 
@@ -75,11 +77,17 @@ BENCHMARK_CAPTURE(generate_and_dense_eigen, a_96x128_lift_baseline_dense_eigen, 
 
 // (b) both cores, one mask per iteration, wall time.
 BENCHMARK_CAPTURE(generate_and_certify, b_32768x4096_lift_2cores, MaskMethod::lift, 32768, 4096, 128, 2)
-    ->Unit(benchmark::kSecond)->UseRealTime()->Iterations(3);
+    ->Unit(benchmark::kSecond)
+    ->UseRealTime()
+    ->Iterations(3);
 BENCHMARK_CAPTURE(generate_and_certify, b_32768x4096_random_2cores, MaskMethod::random, 32768, 4096, 128, 2)
-    ->Unit(benchmark::kSecond)->UseRealTime()->Iterations(3);
+    ->Unit(benchmark::kSecond)
+    ->UseRealTime()
+    ->Iterations(3);
 BENCHMARK_CAPTURE(generate_and_dense_eigen, b_32768x4096_lift_baseline_dense_eigen, MaskMethod::lift, 32768, 4096, 128)
-    ->Unit(benchmark::kSecond)->UseRealTime()->Iterations(1);
+    ->Unit(benchmark::kSecond)
+    ->UseRealTime()
+    ->Iterations(1);
 
 }  // namespace
 

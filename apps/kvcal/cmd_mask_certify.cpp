@@ -28,6 +28,8 @@ claim is false.)";
 
 int run(const Options& o) {
   int false_total = 0, masks_total = 0;
+  KVCAL_CHECK(o.threads >= 0, "--threads {} must be 0 (all cores) or more", o.threads);
+  KVCAL_CHECK(o.exact_limit >= 0, "--exact-limit {} must be 0 or more", o.exact_limit);
   CertifyOptions copt;
   copt.exact_limit = o.exact_limit;
   copt.threads = o.threads;
@@ -42,11 +44,12 @@ int run(const Options& o) {
       log(LogLevel::debug, "re-certifying {} ({}x{})", rec.id, rec.mask.rows, rec.mask.cols);
       const Verification v = verify_claims(rec.mask, rec.certificate, copt);
       const Certificate& c = v.recertified ? v.recomputed : rec.certificate;
-      fmt::print("  {:<12} {:>13} {:>5} {:>5} {:>7} {:>6} {:>10.6f} {:>10.6f} {:>10.6f} {:>10.4g} {:>13} {:>9.2g}  {}\n",
-                 rec.id, fmt::format("{}x{}", rec.mask.rows, rec.mask.cols), v.structure.row_degree_max,
-                 v.structure.col_degree_max, rec.method, rec.seed, c.sigma1, c.sigma2, c.ramanujan_bound, c.margin,
-                 to_string(c.kind), c.failure_probability,
-                 v.ok() ? (c.ramanujan ? "OK ramanujan" : "OK (not ramanujan)") : "FALSE CLAIMS");
+      fmt::print(
+          "  {:<12} {:>13} {:>5} {:>5} {:>7} {:>6} {:>10.6f} {:>10.6f} {:>10.6f} {:>10.4g} {:>13} {:>9.2g}  {}\n",
+          rec.id, fmt::format("{}x{}", rec.mask.rows, rec.mask.cols), v.structure.row_degree_max,
+          v.structure.col_degree_max, rec.method, rec.seed, c.sigma1, c.sigma2, c.ramanujan_bound, c.margin,
+          to_string(c.kind), c.failure_probability,
+          v.ok() ? (c.ramanujan ? "OK ramanujan" : "OK (not ramanujan)") : "FALSE CLAIMS");
       for (const auto& claim : v.false_claims) fmt::print("      {}: {}\n", rec.id, claim);
       if (!v.ok()) ++false_total;
     }

@@ -44,12 +44,19 @@ int run(const Options& o, std::optional<std::int64_t> row_degree, std::optional<
   const MaskShape shape = resolve_shape(o.rows, o.cols, row_degree, sparsity);
   KVCAL_CHECK(o.count >= 1, "--count {} must be at least 1", o.count);
   KVCAL_CHECK(o.tries >= 1, "--tries {} must be at least 1", o.tries);
+  KVCAL_CHECK(o.threads >= 0, "--threads {} must be 0 (all cores) or more", o.threads);
+  KVCAL_CHECK(o.exact_limit >= 0, "--exact-limit {} must be 0 or more", o.exact_limit);
+  KVCAL_CHECK(o.max_failure_probability > 0 && o.max_failure_probability < 1,
+              "--max-failure-probability {} must lie in (0, 1)", o.max_failure_probability);
   KVCAL_CHECK(!o.out.empty(), "--out is required");
+  check_mask_output_path(o.out);  // fail before a long generation, not after it
   if (method == MaskMethod::lift) {
     const std::string problem = lift_shape_problem(shape);
-    KVCAL_CHECK(problem.empty(), "mask {}x{} with row degree {}: {}", shape.rows, shape.cols, shape.row_degree, problem);
+    KVCAL_CHECK(problem.empty(), "mask {}x{} with row degree {}: {}", shape.rows, shape.cols, shape.row_degree,
+                problem);
   }
-  if (sparsity && std::abs(*sparsity * static_cast<double>(shape.cols) - static_cast<double>(shape.row_degree)) > 1e-9) {
+  if (sparsity &&
+      std::abs(*sparsity * static_cast<double>(shape.cols) - static_cast<double>(shape.row_degree)) > 1e-9) {
     log(LogLevel::warn, "sparsity {} gives {} channels per token; using row degree {} (sparsity {:.6g})", *sparsity,
         *sparsity * static_cast<double>(shape.cols), shape.row_degree, shape.sparsity());
   }
@@ -87,13 +94,14 @@ int run(const Options& o, std::optional<std::int64_t> row_degree, std::optional<
       const Certificate& c = rec.certificate;
       const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
       if (c.ramanujan) {
-        log(LogLevel::info, "mask {}/{}: seed {}: sigma2 = {:.6f} <= tau = {:.6f} ({} certificate, margin {:.4g}) in {}",
-            m + 1, o.count, seed, c.sigma2, c.ramanujan_bound, to_string(c.kind), c.margin, seconds(dt));
+        log(LogLevel::info,
+            "mask {}/{}: seed {}: sigma2 = {:.6f} <= tau = {:.6f} ({} certificate, margin {:.4g}) in {}", m + 1,
+            o.count, seed, c.sigma2, c.ramanujan_bound, to_string(c.kind), c.margin, seconds(dt));
         found = true;
         best = std::move(rec);
       } else {
-        log(LogLevel::info, "mask {}/{}: seed {}: not certified Ramanujan (sigma2 = {:.6f}, tau = {:.6f}) in {}{}", m + 1,
-            o.count, seed, c.sigma2, c.ramanujan_bound, seconds(dt), t + 1 < o.tries ? "; next seed" : "");
+        log(LogLevel::info, "mask {}/{}: seed {}: not certified Ramanujan (sigma2 = {:.6f}, tau = {:.6f}) in {}{}",
+            m + 1, o.count, seed, c.sigma2, c.ramanujan_bound, seconds(dt), t + 1 < o.tries ? "; next seed" : "");
         if (!best || c.sigma2 < best->certificate.sigma2) best = std::move(rec);
       }
     }
@@ -128,13 +136,21 @@ Runner add_mask_gen(CLI::App& app) {
   sub->footer(kFooter);
   sub->add_option("--rows", o->rows, "Tokens (mask rows), e.g. the block size 96")->required();
   sub->add_option("--cols", o->cols, "Channels (mask columns), e.g. the head dimension 128")->required();
-  auto* sp = sub->add_option("--sparsity", o->sparsity, "Fraction of channels kept per token, rho = d1 / cols, in (0, 1]");
+  auto* sp =
+      sub->add_option("--sparsity", o->sparsity, "Fraction of channels kept per token, rho = d1 / cols, in (0, 1]");
   auto* deg = sub->add_option("--row-degree", o->row_degree, "Channels kept per token (d1), instead of --sparsity");
   sp->excludes(deg);
   sub->add_option("--method", o->method, "random (configuration model + switches) or lift (block-structured r-lift)")
       ->check(CLI::IsMember({"random", "lift"}))
       ->capture_default_str();
-  sub->add_option("--seed", o->seed, "First seed; a failed candidate moves on to the next")->capture_default_str();
+  sub->add_option("--seed", o->seed, "First seed; a failed candidate moves on to the next")
+      ->check(CLI::Validator(
+          [](std::string& v) {
+            return v.find_first_not_of("0123456789") == std::string::npos ? std::string()
+                                                                          : "must be a non-negative integer";
+          },
+          "UINT64"))
+      ->capture_default_str();
   sub->add_option("--count", o->count, "Distinct certified masks of this shape to write")->capture_default_str();
   sub->add_option("--tries", o->tries, "Candidates to try per mask")->capture_default_str();
   sub->add_option("--out", o->out, "Output HDF5 file (written atomically)")->required();

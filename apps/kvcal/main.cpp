@@ -30,8 +30,11 @@ int main(int argc, char** argv) {
 
   CLI::App app{"kvcal: certified expander masks and calibration artifacts for KV-cache compression", "kvcal"};
   app.footer(kFooter);
-  app.set_version_flag("--version", std::string("kvcal ") + kVersion);
+  app.set_version_flag("--version",
+                       fmt::format("kvcal {} (CUDA: {})", kVersion, KVCAL_ENABLE_CUDA ? "enabled" : "disabled"));
   app.require_subcommand(1);
+  // Global options (--config, -q, -v) are accepted after the subcommand too.
+  app.fallthrough();
   bool quiet = false, verbose = false;
   app.add_flag("-q,--quiet", quiet, "Print only results and errors");
   app.add_flag("-v,--verbose", verbose, "Print debug diagnostics");

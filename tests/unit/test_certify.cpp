@@ -26,8 +26,7 @@ constexpr double kSigmaTol = 1e-7;
 // `kw_steps` > 0: the certificate is the probabilistic one with that many
 // Lanczos steps at most; it must then prove every case the
 // Kuczynski-Wozniakowski bound allows at the true sigma2.
-void check_against_dense(const CsrMask& m, const Certificate& c, std::int64_t kw_steps = 0,
-                         double max_failure = 1e-9) {
+void check_against_dense(const CsrMask& m, const Certificate& c, std::int64_t kw_steps = 0, double max_failure = 1e-9) {
   const std::vector<double> s = test::dense_singular_values(m);
   const double s1 = s[0];
   const double s2 = s.size() > 1 ? s[1] : 0.0;
@@ -78,15 +77,24 @@ TEST_P(CertifyShapes, MatchesDenseSvd) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    Sweep, CertifyShapes,
-    ::testing::ValuesIn(std::vector<Case>{
-        {96, 128, 4, MaskMethod::random},   {96, 128, 4, MaskMethod::lift},    {96, 128, 6, MaskMethod::random},
-        {96, 128, 1, MaskMethod::random},   {96, 128, 128, MaskMethod::random}, {96, 128, 100, MaskMethod::random},
-        {1, 17, 5, MaskMethod::random},     {17, 1, 1, MaskMethod::random},     {2, 2, 1, MaskMethod::random},
-        {101, 103, 7, MaskMethod::random},  {128, 96, 3, MaskMethod::random},   {256, 64, 16, MaskMethod::lift},
-        {300, 40, 5, MaskMethod::random},   {60, 300, 20, MaskMethod::random},  {3, 7, 7, MaskMethod::lift},
-    }));
+INSTANTIATE_TEST_SUITE_P(Sweep, CertifyShapes,
+                         ::testing::ValuesIn(std::vector<Case>{
+                             {96, 128, 4, MaskMethod::random},
+                             {96, 128, 4, MaskMethod::lift},
+                             {96, 128, 6, MaskMethod::random},
+                             {96, 128, 1, MaskMethod::random},
+                             {96, 128, 128, MaskMethod::random},
+                             {96, 128, 100, MaskMethod::random},
+                             {1, 17, 5, MaskMethod::random},
+                             {17, 1, 1, MaskMethod::random},
+                             {2, 2, 1, MaskMethod::random},
+                             {101, 103, 7, MaskMethod::random},
+                             {128, 96, 3, MaskMethod::random},
+                             {256, 64, 16, MaskMethod::lift},
+                             {300, 40, 5, MaskMethod::random},
+                             {60, 300, 20, MaskMethod::random},
+                             {3, 7, 7, MaskMethod::lift},
+                         }));
 
 TEST(Certify, CompleteGraphHasNoSecondSingularValue) {
   const CsrMask m = generate_random(resolve_shape(12, 20, 20, std::nullopt), 1);

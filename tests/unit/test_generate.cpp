@@ -84,7 +84,8 @@ TEST(GenerateLift, BlockStructure) {
 }
 
 TEST(GenerateLift, AwkwardButValidShapes) {
-  for (auto [rows, cols, d1] : std::vector<std::array<std::int64_t, 3>>{{1, 1, 1}, {5, 5, 1}, {3, 7, 7}, {64, 64, 64}}) {
+  for (auto [rows, cols, d1] :
+       std::vector<std::array<std::int64_t, 3>>{{1, 1, 1}, {5, 5, 1}, {3, 7, 7}, {64, 64, 64}}) {
     const MaskShape s = resolve_shape(rows, cols, d1, std::nullopt);
     ASSERT_TRUE(lift_shape_problem(s).empty()) << rows << "x" << cols;
     const auto r = check_structure(generate_lift(s, 1), false);
@@ -120,7 +121,7 @@ TEST(ResolveShape, RejectsImpossibleParameters) {
   EXPECT_THROW(resolve_shape(96, -1, 4, std::nullopt), Error);
   EXPECT_THROW(resolve_shape(96, 128, 0, std::nullopt), Error);
   EXPECT_THROW(resolve_shape(96, 128, 129, std::nullopt), Error);
-  EXPECT_THROW(resolve_shape(96, 128, 4, 0.5), Error);               // both
+  EXPECT_THROW(resolve_shape(96, 128, 4, 0.5), Error);                      // both
   EXPECT_THROW(resolve_shape(96, 128, std::nullopt, std::nullopt), Error);  // neither
   EXPECT_THROW(resolve_shape(std::int64_t{1} << 32, 128, 4, std::nullopt), Error);
   EXPECT_THROW(parse_mask_method("lps"), Error);

@@ -42,7 +42,8 @@ MaskRecord make_record(const std::string& id, std::uint64_t seed) {
 }
 
 TEST_F(IoTest, RoundTrip) {
-  const std::vector<MaskRecord> recs = {make_record("mask_0000", 1), make_record("mask_0001", 2)};
+  // A seed above 2^63 must survive the round trip (stored as uint64).
+  const std::vector<MaskRecord> recs = {make_record("mask_0000", 1), make_record("mask_0001", 0xfedcba9876543210ULL)};
   write_mask_file(path("m.h5"), recs, "kvcal mask-gen --test");
   EXPECT_TRUE(only_file_is("m.h5")) << "temporary file left behind";
   const MaskFile f = read_mask_file(path("m.h5"));
@@ -111,9 +112,7 @@ TEST_F(IoTest, RejectsForeignAndDamagedFiles) {
     detail::write_attr(f.get(), "format_version", std::int64_t{99});
   }
   EXPECT_THROW(read_mask_file(path("newer.h5")), Error);
-  {
-    detail::H5Handle f(H5Fcreate(path("plain.h5").c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT), H5Fclose);
-  }
+  { detail::H5Handle f(H5Fcreate(path("plain.h5").c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT), H5Fclose); }
   EXPECT_THROW(read_mask_file(path("plain.h5")), Error);
 }
 

@@ -3,9 +3,9 @@
 #include <algorithm>
 #include <utility>
 
+#include <fmt/format.h>
 #include <boost/graph/compressed_sparse_row_graph.hpp>
 #include <boost/graph/connected_components.hpp>
-#include <fmt/format.h>
 
 namespace kvcal {
 namespace {
@@ -13,9 +13,8 @@ namespace {
 std::int64_t count_components(const CsrMask& mask) {
   // Vertices 0..rows-1 are tokens, rows..rows+cols-1 channels. Each edge is
   // added in both directions so the directed CSR graph is symmetric.
-  using Graph = boost::compressed_sparse_row_graph<boost::directedS, boost::no_property,
-                                                   boost::no_property, boost::no_property,
-                                                   std::uint32_t, std::uint64_t>;
+  using Graph = boost::compressed_sparse_row_graph<boost::directedS, boost::no_property, boost::no_property,
+                                                   boost::no_property, std::uint32_t, std::uint64_t>;
   std::vector<std::pair<std::uint32_t, std::uint32_t>> edges;
   edges.reserve(2 * mask.indices.size());
   for (std::int64_t r = 0; r < mask.rows; ++r) {
@@ -42,8 +41,7 @@ StructureReport check_structure(const CsrMask& mask, bool count_components_too) 
     return rep;
   }
   if (static_cast<std::int64_t>(mask.indptr.size()) != mask.rows + 1) {
-    p.push_back(fmt::format("indptr has {} entries, expected rows + 1 = {}", mask.indptr.size(),
-                            mask.rows + 1));
+    p.push_back(fmt::format("indptr has {} entries, expected rows + 1 = {}", mask.indptr.size(), mask.rows + 1));
     return rep;
   }
   if (mask.indptr.front() != 0) p.push_back(fmt::format("indptr[0] = {}, expected 0", mask.indptr.front()));
@@ -80,9 +78,15 @@ StructureReport check_structure(const CsrMask& mask, bool count_components_too) 
       if (bad && first_bad_row < 0) first_bad_row = r;
     }
   }
-  if (out_of_range) p.push_back(fmt::format("{} column indices out of range [0, {}) (first in row {})", out_of_range, mask.cols, first_bad_row));
-  if (unsorted) p.push_back(fmt::format("{} column indices not ascending within their row (first in row {})", unsorted, first_bad_row));
-  if (repeated) p.push_back(fmt::format("{} repeated edges (same column twice in a row; first in row {})", repeated, first_bad_row));
+  if (out_of_range)
+    p.push_back(fmt::format("{} column indices out of range [0, {}) (first in row {})", out_of_range, mask.cols,
+                            first_bad_row));
+  if (unsorted)
+    p.push_back(
+        fmt::format("{} column indices not ascending within their row (first in row {})", unsorted, first_bad_row));
+  if (repeated)
+    p.push_back(
+        fmt::format("{} repeated edges (same column twice in a row; first in row {})", repeated, first_bad_row));
   const auto [cmin, cmax] = std::minmax_element(col_degree.begin(), col_degree.end());
   rep.col_degree_min = *cmin;
   rep.col_degree_max = *cmax;

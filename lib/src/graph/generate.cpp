@@ -13,8 +13,10 @@ namespace kvcal {
 
 const char* to_string(MaskMethod method) {
   switch (method) {
-    case MaskMethod::random: return "random";
-    case MaskMethod::lift: return "lift";
+    case MaskMethod::random:
+      return "random";
+    case MaskMethod::lift:
+      return "lift";
   }
   return "unknown";
 }
@@ -30,8 +32,7 @@ MaskShape resolve_shape(std::int64_t rows, std::int64_t cols, std::optional<std:
   constexpr std::int64_t kMaxSide = std::numeric_limits<std::int32_t>::max();
   KVCAL_CHECK(rows > 0 && cols > 0, "mask shape {}x{}: rows and cols must be positive", rows, cols);
   KVCAL_CHECK(rows <= kMaxSide && cols <= kMaxSide, "mask shape {}x{}: each side must be below 2^31", rows, cols);
-  KVCAL_CHECK(row_degree.has_value() != sparsity.has_value(),
-              "give exactly one of --sparsity or --row-degree");
+  KVCAL_CHECK(row_degree.has_value() != sparsity.has_value(), "give exactly one of --sparsity or --row-degree");
   MaskShape s;
   s.rows = rows;
   s.cols = cols;
@@ -55,13 +56,16 @@ MaskShape resolve_shape(std::int64_t rows, std::int64_t cols, std::optional<std:
 
 std::string lift_shape_problem(const MaskShape& s) {
   if (s.cols % s.row_degree != 0) {
-    return fmt::format("lift needs cols ({}) divisible by the row degree ({}); use --method random or a degree that divides {}",
-                       s.cols, s.row_degree, s.cols);
+    return fmt::format(
+        "lift needs cols ({}) divisible by the row degree ({}); use --method random or a degree that divides {}",
+        s.cols, s.row_degree, s.cols);
   }
   const std::int64_t r = s.cols / s.row_degree;
   if (s.rows % r != 0) {
-    return fmt::format("lift needs rows ({}) divisible by the fibre size r = cols / row degree = {}; use --method random or rows a multiple of {}",
-                       s.rows, r, r);
+    return fmt::format(
+        "lift needs rows ({}) divisible by the fibre size r = cols / row degree = {}; use --method random or rows a "
+        "multiple of {}",
+        s.rows, r, r);
   }
   return {};
 }
@@ -73,9 +77,7 @@ struct FlatRows {
   std::int64_t d1;
   std::vector<std::int32_t> adj;
   std::int32_t* row(std::int64_t i) { return adj.data() + i * d1; }
-  bool contains(std::int64_t i, std::int32_t c) {
-    return std::binary_search(row(i), row(i) + d1, c);
-  }
+  bool contains(std::int64_t i, std::int32_t c) { return std::binary_search(row(i), row(i) + d1, c); }
   // Replaces the entry at position pos of row i by value and restores order.
   void replace(std::int64_t i, std::int64_t pos, std::int32_t value) {
     std::int32_t* r = row(i);

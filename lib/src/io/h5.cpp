@@ -32,8 +32,7 @@ H5Handle attr_handle(hid_t obj, const std::string& name, const std::string& cont
 void check_scalar(hid_t attr, H5T_class_t want, bool also_int, const std::string& name, const std::string& context) {
   H5Handle type(H5Aget_type(attr), H5Tclose);
   const H5T_class_t cls = H5Tget_class(type.get());
-  KVCAL_CHECK(cls == want || (also_int && cls == H5T_INTEGER), "{}: attribute '{}' has the wrong type", context,
-              name);
+  KVCAL_CHECK(cls == want || (also_int && cls == H5T_INTEGER), "{}: attribute '{}' has the wrong type", context, name);
   H5Handle space(H5Aget_space(attr), H5Sclose);
   const hssize_t npoints = H5Sget_simple_extent_npoints(space.get());
   KVCAL_CHECK(npoints == 1, "{}: attribute '{}' must hold one value, not {}", context, name, npoints);
@@ -51,8 +50,7 @@ template <typename T>
 void write_1d(hid_t loc, const std::string& name, hid_t mem_type, hid_t file_type, const std::vector<T>& data) {
   const hsize_t dims[1] = {static_cast<hsize_t>(data.size())};
   H5Handle space(H5Screate_simple(1, dims, nullptr), H5Sclose);
-  H5Handle ds(H5Dcreate2(loc, name.c_str(), file_type, space.get(), H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT),
-              H5Dclose);
+  H5Handle ds(H5Dcreate2(loc, name.c_str(), file_type, space.get(), H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT), H5Dclose);
   KVCAL_CHECK(ds.valid(), "cannot create dataset '{}'", name);
   if (!data.empty()) {
     KVCAL_CHECK(H5Dwrite(ds.get(), mem_type, H5S_ALL, H5S_ALL, H5P_DEFAULT, data.data()) >= 0,
@@ -69,12 +67,12 @@ std::vector<T> read_1d(hid_t loc, const std::string& name, const std::string& co
   H5Handle type(H5Dget_type(ds.get()), H5Tclose);
   KVCAL_CHECK(H5Tget_class(type.get()) == H5T_INTEGER, "{}: dataset '{}' must hold integers", context, name);
   H5Handle space(H5Dget_space(ds.get()), H5Sclose);
-  KVCAL_CHECK(H5Sget_simple_extent_ndims(space.get()) == 1, "{}: dataset '{}' must be one-dimensional", context,
-              name);
+  KVCAL_CHECK(H5Sget_simple_extent_ndims(space.get()) == 1, "{}: dataset '{}' must be one-dimensional", context, name);
   hsize_t dims[1] = {0};
   H5Sget_simple_extent_dims(space.get(), dims, nullptr);
-  KVCAL_CHECK(dims[0] <= static_cast<hsize_t>(max_elements), "{}: dataset '{}' has {} elements, more than the {} its shape allows",
-              context, name, dims[0], max_elements);
+  KVCAL_CHECK(dims[0] <= static_cast<hsize_t>(max_elements),
+              "{}: dataset '{}' has {} elements, more than the {} its shape allows", context, name, dims[0],
+              max_elements);
   std::vector<T> out(static_cast<std::size_t>(dims[0]));
   if (!out.empty()) {
     KVCAL_CHECK(H5Dread(ds.get(), mem_type, H5S_ALL, H5S_ALL, H5P_DEFAULT, out.data()) >= 0,
@@ -161,6 +159,10 @@ void write_attr(hid_t obj, const std::string& name, std::int64_t value) {
   write_attr_native(obj, name, H5T_NATIVE_INT64, H5T_STD_I64LE, value);
 }
 
+void write_attr(hid_t obj, const std::string& name, std::uint64_t value) {
+  write_attr_native(obj, name, H5T_NATIVE_UINT64, H5T_STD_U64LE, value);
+}
+
 void write_attr(hid_t obj, const std::string& name, double value) {
   write_attr_native(obj, name, H5T_NATIVE_DOUBLE, H5T_IEEE_F64LE, value);
 }
@@ -194,6 +196,17 @@ std::int64_t read_attr_int(hid_t obj, const std::string& name, const std::string
   check_scalar(attr.get(), H5T_INTEGER, false, name, context);
   std::int64_t v = 0;
   KVCAL_CHECK(H5Aread(attr.get(), H5T_NATIVE_INT64, &v) >= 0, "{}: cannot read attribute '{}'", context, name);
+  return v;
+}
+
+std::uint64_t read_attr_uint(hid_t obj, const std::string& name, const std::string& context) {
+  H5Handle attr = attr_handle(obj, name, context);
+  check_scalar(attr.get(), H5T_INTEGER, false, name, context);
+  H5Handle type(H5Aget_type(attr.get()), H5Tclose);
+  KVCAL_CHECK(H5Tget_sign(type.get()) == H5T_SGN_NONE || read_attr_int(obj, name, context) >= 0,
+              "{}: attribute '{}' must not be negative", context, name);
+  std::uint64_t v = 0;
+  KVCAL_CHECK(H5Aread(attr.get(), H5T_NATIVE_UINT64, &v) >= 0, "{}: cannot read attribute '{}'", context, name);
   return v;
 }
 

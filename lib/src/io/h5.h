@@ -61,10 +61,12 @@ std::vector<std::string> list_links(hid_t loc);
 // Attributes.
 void write_attr(hid_t obj, const std::string& name, const std::string& value);
 void write_attr(hid_t obj, const std::string& name, std::int64_t value);
+void write_attr(hid_t obj, const std::string& name, std::uint64_t value);
 void write_attr(hid_t obj, const std::string& name, double value);
 bool has_attr(hid_t obj, const std::string& name);
 std::string read_attr_string(hid_t obj, const std::string& name, const std::string& context);
 std::int64_t read_attr_int(hid_t obj, const std::string& name, const std::string& context);
+std::uint64_t read_attr_uint(hid_t obj, const std::string& name, const std::string& context);
 double read_attr_double(hid_t obj, const std::string& name, const std::string& context);
 
 // 1-D datasets. `max_elements` bounds what a hostile file can make us allocate.

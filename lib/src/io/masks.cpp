@@ -24,7 +24,7 @@ void write_mask_file(const std::string& path, const std::vector<MaskRecord>& mas
       detail::write_attr(g.get(), "col_degree", c.col_degree);
       detail::write_attr(g.get(), "biregular", std::int64_t{c.biregular});
       detail::write_attr(g.get(), "method", rec.method);
-      detail::write_attr(g.get(), "seed", static_cast<std::int64_t>(rec.seed));
+      detail::write_attr(g.get(), "seed", rec.seed);
       detail::write_attr(g.get(), "sigma1", c.sigma1);
       detail::write_attr(g.get(), "sigma2", c.sigma2);
       detail::write_attr(g.get(), "ramanujan_bound", c.ramanujan_bound);
@@ -63,7 +63,7 @@ MaskFile read_mask_file(const std::string& path) {
     const std::int64_t max_nnz = std::min<std::int64_t>(m.rows * m.cols, std::int64_t{1} << 36);
     m.indices = detail::read_int32_1d(g.get(), "indices", ctx, max_nnz);
     rec.method = detail::read_attr_string(g.get(), "method", ctx);
-    rec.seed = static_cast<std::uint64_t>(detail::read_attr_int(g.get(), "seed", ctx));
+    rec.seed = detail::read_attr_uint(g.get(), "seed", ctx);
     Certificate& c = rec.certificate;
     c.row_degree = detail::read_attr_int(g.get(), "row_degree", ctx);
     c.col_degree = detail::read_attr_int(g.get(), "col_degree", ctx);

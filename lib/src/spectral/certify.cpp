@@ -9,9 +9,9 @@
 
 #include <omp.h>
 
+#include <Spectra/SymEigsSolver.h>
 #include <Eigen/Core>
 #include <Eigen/Eigenvalues>
-#include <Spectra/SymEigsSolver.h>
 
 #include "kvcal/core/error.h"
 #include "kvcal/core/log.h"
@@ -22,9 +22,12 @@ namespace kvcal {
 
 const char* to_string(CertificateKind kind) {
   switch (kind) {
-    case CertificateKind::none: return "none";
-    case CertificateKind::exact: return "exact";
-    case CertificateKind::probabilistic: return "probabilistic";
+    case CertificateKind::none:
+      return "none";
+    case CertificateKind::exact:
+      return "exact";
+    case CertificateKind::probabilistic:
+      return "probabilistic";
   }
   return "unknown";
 }
@@ -190,8 +193,8 @@ TopEigen top_eigen(GramOp& op, const CsrMask& s2t, const CsrMask& t2s, const Eig
 
 // Forms a = tau_sq_lo I - G + rho v v^T (lower triangle) and proves it
 // positive definite; see certify.h for why that proves sigma2 < tau.
-bool exact_certificate(const CsrMask& s2t, const CsrMask& t2s, const Eigen::VectorXd& v, double rho,
-                       double tau_sq_lo, int threads) {
+bool exact_certificate(const CsrMask& s2t, const CsrMask& t2s, const Eigen::VectorXd& v, double rho, double tau_sq_lo,
+                       int threads) {
   const Eigen::Index n = s2t.rows;
   Eigen::MatrixXd a(n, n);
   const bool parallel = threads > 1 && n >= 256;
@@ -227,7 +230,7 @@ bool exact_certificate(const CsrMask& s2t, const CsrMask& t2s, const Eigen::Vect
 }
 
 struct LanczosResult {
-  double theta = 0;          // largest Ritz value
+  double theta = 0;  // largest Ritz value
   std::int64_t steps = 0;
   double failure_probability = 1;
   bool proven = false;
@@ -266,8 +269,8 @@ LanczosResult lanczos_certificate(GramOp& op, double tau_sq, const CertifyOption
       res.steps = steps;
       if (res.theta >= tau_sq) return res;  // not certifiable
       const double eps = 1 - res.theta / tau_sq;
-      res.failure_probability =
-          std::min(1.0, 1.648 * std::sqrt(static_cast<double>(n)) * std::exp(-std::sqrt(eps) * (2.0 * bound_steps - 1)));
+      res.failure_probability = std::min(
+          1.0, 1.648 * std::sqrt(static_cast<double>(n)) * std::exp(-std::sqrt(eps) * (2.0 * bound_steps - 1)));
       if (res.failure_probability <= opt.max_failure_probability) {
         res.proven = true;
         return res;

@@ -18,19 +18,23 @@ Verification verify_claims(const CsrMask& mask, const Certificate& stored, const
   if (!s.ok()) return v;
 
   if (s.row_degree_min != s.row_degree_max) {
-    bad.push_back(fmt::format("row degrees vary ({}..{}); a mask has one row degree", s.row_degree_min, s.row_degree_max));
+    bad.push_back(
+        fmt::format("row degrees vary ({}..{}); a mask has one row degree", s.row_degree_min, s.row_degree_max));
   }
   if (stored.row_degree != s.row_degree_max) {
     bad.push_back(fmt::format("row_degree is {} but rows hold {} ones", stored.row_degree, s.row_degree_max));
   }
   if (stored.col_degree != s.col_degree_max) {
-    bad.push_back(fmt::format("col_degree is {} but the largest column holds {} ones", stored.col_degree, s.col_degree_max));
+    bad.push_back(
+        fmt::format("col_degree is {} but the largest column holds {} ones", stored.col_degree, s.col_degree_max));
   }
   if (stored.biregular != s.biregular) {
-    bad.push_back(fmt::format("biregular is {} but column degrees are {}..{}", int{stored.biregular}, s.col_degree_min, s.col_degree_max));
+    bad.push_back(fmt::format("biregular is {} but column degrees are {}..{}", int{stored.biregular}, s.col_degree_min,
+                              s.col_degree_max));
   }
   if (stored.ramanujan && s.components > 1) {
-    bad.push_back(fmt::format("claims Ramanujan but the graph has {} connected components (sigma2 = sigma1)", s.components));
+    bad.push_back(
+        fmt::format("claims Ramanujan but the graph has {} connected components (sigma2 = sigma1)", s.components));
   }
   if (mask.nnz() == 0) {
     bad.push_back("the mask is empty");
@@ -41,7 +45,8 @@ Verification verify_claims(const CsrMask& mask, const Certificate& stored, const
   v.recertified = true;
   const Certificate& c = v.recomputed;
   if (!close(stored.ramanujan_bound, c.ramanujan_bound, 1e-9 * c.ramanujan_bound + 1e-12)) {
-    bad.push_back(fmt::format("ramanujan_bound is {:.9g}, recomputed {:.9g}", stored.ramanujan_bound, c.ramanujan_bound));
+    bad.push_back(
+        fmt::format("ramanujan_bound is {:.9g}, recomputed {:.9g}", stored.ramanujan_bound, c.ramanujan_bound));
   }
   // sigma1 is exact for biregular masks and converged Lanczos otherwise.
   if (!close(stored.sigma1, c.sigma1, 1e-6 * std::max(1.0, c.sigma1))) {
@@ -57,8 +62,9 @@ Verification verify_claims(const CsrMask& mask, const Certificate& stored, const
                               stored.ramanujan_bound - stored.sigma2));
   }
   if (stored.ramanujan && !c.ramanujan) {
-    bad.push_back(fmt::format("claims Ramanujan (sigma2 <= {:.6g}) but that cannot be proven: recomputed sigma2 = {:.6g}",
-                              c.ramanujan_bound, c.sigma2));
+    bad.push_back(
+        fmt::format("claims Ramanujan (sigma2 <= {:.6g}) but that cannot be proven: recomputed sigma2 = {:.6g}",
+                    c.ramanujan_bound, c.sigma2));
   }
   if (!stored.ramanujan && c.ramanujan) {
     bad.push_back("claims not Ramanujan but the recomputation proves it is");

@@ -28,9 +28,9 @@ template <typename... Args>
 }  // namespace kvcal
 
 // KVCAL_CHECK(cond, "fmt {}", args...): throws kvcal::Error when cond is false.
-#define KVCAL_CHECK(cond, ...)       \
-  do {                               \
-    if (!(cond)) {                   \
-      ::kvcal::fail(__VA_ARGS__);    \
-    }                                \
+#define KVCAL_CHECK(cond, ...)    \
+  do {                            \
+    if (!(cond)) {                \
+      ::kvcal::fail(__VA_ARGS__); \
+    }                             \
   } while (false)

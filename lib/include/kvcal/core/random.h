@@ -6,8 +6,8 @@
 // unbiased bounded draw: the same seed gives the same stream everywhere.
 #pragma once
 
-#include <cstdint>
 #include <cmath>
+#include <cstdint>
 
 namespace kvcal {
 

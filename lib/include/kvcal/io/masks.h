@@ -19,7 +19,7 @@ inline constexpr const char* kMaskFormat = "kvcal.masks";
 inline constexpr std::int64_t kMaskFormatVersion = 1;
 
 struct MaskRecord {
-  std::string id;      // group name under /masks
+  std::string id;  // group name under /masks
   CsrMask mask;
   std::string method;  // "random", "lift", ...
   std::uint64_t seed = 0;

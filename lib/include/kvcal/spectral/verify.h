@@ -11,8 +11,8 @@ namespace kvcal {
 
 struct Verification {
   StructureReport structure;
-  Certificate recomputed;          // valid only when structure.ok() and degrees >= 1
-  bool recertified = false;        // recomputed was filled
+  Certificate recomputed;                 // valid only when structure.ok() and degrees >= 1
+  bool recertified = false;               // recomputed was filled
   std::vector<std::string> false_claims;  // empty when every stored claim holds
   bool ok() const { return false_claims.empty(); }
 };

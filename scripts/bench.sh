@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# Runs the mask benchmarks and their baselines in one go; results in out/bench/.
+#  (a) 96x128, rho = 1/32: masks generated and exactly certified per second, one core.
+#  (b) 32768x4096, rho = 1/32: one mask with an exact certificate, wall time on
+#      all cores, and peak memory (each case in its own process).
+# Baselines in the same run: a dense eigensolver in C++ (in bench_masks) and
+# the SciPy pipeline (lift + svds, dense eigvalsh), installed here with pip.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+scripts/setup.sh
+scripts/build.sh release
+out=out/bench
+mkdir -p "$out"
+bench=build/release/bin/bench_masks
+python=${PYTHON:-python3}
+
+echo "== (a) 96x128, d1 = 4, d2 = 3, one core"
+$bench --benchmark_filter='a_' --benchmark_out="$out/a.json" --benchmark_out_format=json
+for case in b_32768x4096_lift_2cores b_32768x4096_random_2cores b_32768x4096_lift_baseline_dense_eigen; do
+  echo "== (b) $case"
+  $bench --benchmark_filter="$case" --benchmark_out="$out/$case.json" --benchmark_out_format=json
+done
+echo "== (b) as a user runs it: kvcal mask-gen + exact certificate, wall time and peak memory"
+/usr/bin/time -f "kvcal mask-gen 32768x4096 lift: %e s wall, %M KiB peak" \
+  build/release/bin/kvcal mask-gen --rows 32768 --cols 4096 --row-degree 128 --method lift --seed 1 --tries 8 \
+  --out "$out/b_lift.h5"
+
+echo "== baseline: SciPy lift + svds and dense eigvalsh"
+if ! $python -c "import numpy, scipy" 2>/dev/null; then
+  $python -m pip install -q numpy scipy
+fi
+$python scripts/bench_baseline_scipy.py 32768 4096 128 | tee "$out/scipy_b.jsonl"
+$python scripts/bench_baseline_scipy.py 96 128 4 --no-dense | tee "$out/scipy_a.jsonl"
+echo "Results in $out/"

@@ -1,0 +1,413 @@
+#!/usr/bin/env bash
+# End-to-end tests of the kvcal command line, one case per ctest test:
+#   run_cli_tests.sh <case> <kvcal binary> <tests/cli dir> <kvcal_make_fixtures binary>
+# Each case runs in a fresh temporary directory, checks every expectation, and
+# exits 1 naming each one that failed.
+set -euo pipefail
+
+[[ $# -ge 3 ]] || { echo "usage: $0 <case> <kvcal> <tests/cli dir> [kvcal_make_fixtures]" >&2; exit 2; }
+CASE=$1
+KVCAL=$(realpath "$2")
+CLI_DIR=$(realpath "$3")
+FIXTURES=${4:+$(realpath "$4")}
+
+WORK=$(mktemp -d "${TMPDIR:-/tmp}/kvcal_cli.XXXXXX")
+trap 'chmod -R u+rwx "$WORK" 2>/dev/null || true; rm -rf "$WORK"' EXIT
+OUT=$WORK/stdout ERR=$WORK/stderr  # the last command's output, kept outside the run dir
+mkdir "$WORK/run"
+cd "$WORK/run"
+
+FAILURES=0 RC=0 LAST=""
+
+fail() { echo "FAIL [$CASE] $*" >&2; FAILURES=$((FAILURES + 1)); }
+
+# Explains a failure about the last command: what ran, its status and output.
+fail_last() {
+  fail "$1"
+  echo "    command: $LAST" >&2
+  echo "    exit $RC; stderr:" >&2
+  sed 's/^/      | /' "$ERR" >&2
+  echo "    stdout (head):" >&2
+  head -n 15 "$OUT" | sed 's/^/      | /' >&2
+}
+
+kvcal() { "$KVCAL" "$@"; }
+
+# run CMD...: runs it, keeping its exit status in RC and its output in $OUT, $ERR.
+run() {
+  LAST="$*"
+  RC=0
+  "$@" >"$OUT" 2>"$ERR" || RC=$?
+}
+
+# expect_exit CODE CMD...: runs CMD and checks its exit status.
+expect_exit() {
+  local want=$1; shift
+  run "$@"
+  [[ $RC -eq $want ]] || fail_last "expected exit $want, got $RC"
+}
+
+# expect_clean_failure CMD...: exit 1 or 2 (an error, not a crash), one stderr line.
+expect_clean_failure() {
+  run "$@"
+  if [[ $RC -ge 128 ]]; then
+    fail_last "crashed (exit $RC, signal $((RC - 128)))"
+  elif [[ $RC -ne 1 && $RC -ne 2 ]]; then
+    fail_last "expected exit 1 or 2, got $RC"
+  fi
+  expect_stderr_one_line
+}
+
+# The last command wrote exactly one line to stderr.
+expect_stderr_one_line() {
+  local n
+  n=$(grep -c '' "$ERR" || true)
+  [[ $n -eq 1 ]] || fail_last "expected exactly one line on stderr, got $n"
+}
+
+expect_stdout_has() { grep -qF -- "$1" "$OUT" || fail_last "stdout lacks '$1'"; }
+expect_stderr_has() { grep -qF -- "$1" "$ERR" || fail_last "stderr lacks '$1'"; }
+expect_file() { [[ -f $1 && -s $1 ]] || fail_last "expected a non-empty file $1"; }
+expect_no_file() { [[ ! -e $1 ]] || fail_last "$1 should not exist"; }
+
+# expect_empty_dir DIR: nothing at all was written there (no output, no temp file).
+expect_empty_dir() {
+  local left
+  left=$(find "$1" -mindepth 1 -print | head -n 5 || true)
+  [[ -z $left ]] || fail_last "$1 should be empty but holds: ${left//$'\n'/ }"
+}
+
+expect_no_temp_files() {
+  local left
+  left=$(find "${1:-.}" -name '*.tmp.*' -print | head -n 5 || true)
+  [[ -z $left ]] || fail "temporary files left behind: ${left//$'\n'/ }"
+}
+
+# A fresh empty directory to run in.
+fresh_dir() {
+  local d
+  d=$(mktemp -d "$WORK/run/$1.XXXX")
+  cd "$d"
+}
+
+# certify_ok FILE SHAPE COUNT: mask-certify accepts FILE and lists COUNT masks of SHAPE, all OK.
+certify_ok() {
+  expect_exit 0 kvcal mask-certify "$1"
+  expect_stdout_has "all $3 masks verified"
+  local ok
+  ok=$(grep -cE "^ +mask_[0-9]{4} +$2 .* exact .*OK ramanujan\$" "$OUT" || true)
+  [[ $ok -eq $3 ]] || fail_last "expected $3 '$2 ... exact ... OK ramanujan' rows, got $ok"
+}
+
+# ---------------------------------------------------------------------------
+
+case_help() {
+  local args
+  for args in "--help" "mask-gen --help" "mask-certify --help"; do
+    # shellcheck disable=SC2086
+    expect_exit 0 kvcal $args
+    expect_stdout_has "Examples"
+    [[ ! -s $ERR ]] || fail_last "help wrote to stderr"
+  done
+  run kvcal mask-gen --help
+  expect_stdout_has "--row-degree"
+  expect_stdout_has "--sparsity"
+}
+
+case_version() {
+  expect_exit 0 kvcal --version
+  # "kvcal x.y.z", possibly followed by build details
+  grep -qE '^kvcal [0-9]+\.[0-9]+\.[0-9]+( |$)' "$OUT" || fail_last "expected 'kvcal x.y.z' on stdout"
+  local want
+  want=$(sed -nE 's/^project\(kvcal VERSION ([0-9.]+).*/\1/p' "$CLI_DIR/../../CMakeLists.txt" || true)
+  [[ -z $want ]] || grep -qE "^kvcal ${want//./\\.}( |\$)" "$OUT" || fail_last "version is not the project's $want"
+}
+
+case_usage_errors() {
+  local -a cmds=(
+    ""                                                                # no subcommand
+    "frobnicate"                                                      # unknown subcommand
+    "mask-gen --rows 96 --cols 128 --row-degree 4 --out u.h5 --bogus" # unknown option
+    "mask-gen --rows 96 --cols 128 --row-degree 4"                    # missing --out
+    "mask-gen --rows abc --cols 128 --row-degree 4 --out u.h5"        # non-numeric
+    "mask-gen --rows 96 --cols 128 --row-degree 4.5 --out u.h5"       # non-integer
+    "mask-gen --rows 96 --cols 128 --sparsity 0.03125 --row-degree 4 --out u.h5"
+    "mask-gen --rows 96 --cols 128 --row-degree 4 --method magic --out u.h5"
+    "mask-certify"                                                    # no file
+  )
+  local c
+  for c in "${cmds[@]}"; do
+    fresh_dir usage
+    # shellcheck disable=SC2086
+    expect_exit 2 kvcal $c
+    expect_stderr_one_line
+    expect_empty_dir .
+  done
+}
+
+case_mask_gen_random() {
+  expect_exit 0 kvcal mask-gen --rows 96 --cols 128 --sparsity 0.03125 --out r.h5
+  expect_file r.h5
+  expect_stdout_has "ramanujan (exact)"
+  certify_ok r.h5 "96x128 +4 +3" 1
+  expect_exit 0 kvcal mask-gen --rows 512 --cols 256 --row-degree 8 --out r2.h5
+  expect_file r2.h5
+  certify_ok r2.h5 "512x256 +8 +16" 1
+  expect_exit 0 kvcal mask-certify r.h5 r2.h5
+  expect_stdout_has "all 2 masks verified"
+  expect_no_temp_files .
+}
+
+case_mask_gen_lift() {
+  expect_exit 0 kvcal mask-gen --rows 96 --cols 128 --row-degree 4 --method lift --out l.h5
+  expect_file l.h5
+  certify_ok l.h5 "96x128 +4 +3 +lift" 1
+  local c
+  for c in "--rows 100 --cols 128 --row-degree 4" "--rows 96 --cols 128 --row-degree 3"; do
+    fresh_dir lift
+    # shellcheck disable=SC2086
+    expect_exit 1 kvcal mask-gen $c --method lift --out bad.h5
+    expect_stderr_one_line
+    expect_stderr_has "lift"
+    expect_empty_dir .
+  done
+}
+
+case_mask_gen_count() {
+  expect_exit 0 kvcal mask-gen --rows 96 --cols 128 --row-degree 4 --count 4 --seed 7 --out c.h5
+  local seeds
+  seeds=$(grep -oE 'seed=[0-9]+' "$OUT" | sort -u | wc -l || true)
+  [[ $seeds -eq 4 ]] || fail_last "expected 4 masks with distinct seeds, got $seeds"
+  certify_ok c.h5 "96x128 +4 +3" 4
+  local i
+  for i in 0 1 2 3; do
+    grep -qE "^ +mask_000$i .*OK ramanujan" "$OUT" || fail_last "mask_000$i is not listed as OK"
+  done
+  ! grep -q "mask_0004" "$OUT" || fail_last "more than 4 masks listed"
+  expect_no_temp_files .
+}
+
+# dump_csr FILE PREFIX: the raw bytes of mask_0000's indices and indptr.
+dump_csr() {
+  local ds
+  for ds in indices indptr; do
+    run h5dump -d "/masks/mask_0000/$ds" -b LE -o "$2.$ds.bin" "$1"
+    [[ $RC -eq 0 && -s $2.$ds.bin ]] || fail_last "h5dump could not read /masks/mask_0000/$ds of $1"
+  done
+}
+
+case_determinism() {
+  if ! command -v h5dump >/dev/null; then
+    fail "h5dump not found: install hdf5-tools (the determinism case compares datasets with it)"
+    return
+  fi
+  local method
+  for method in random lift; do
+    local args="--rows 96 --cols 128 --row-degree 4 --method $method"
+    # shellcheck disable=SC2086
+    {
+      expect_exit 0 kvcal mask-gen $args --seed 11 --out a.h5
+      cp "$OUT" a.stdout
+      expect_exit 0 kvcal mask-gen $args --seed 11 --out b.h5
+      cmp -s a.stdout "$OUT" || fail_last "$method: same seed, different mask-gen output"
+      expect_exit 0 kvcal mask-gen $args --seed 12 --out c.h5
+    }
+    dump_csr a.h5 a
+    dump_csr b.h5 b
+    dump_csr c.h5 c
+    cmp -s a.indices.bin b.indices.bin || fail "$method: same seed, different indices"
+    cmp -s a.indptr.bin b.indptr.bin || fail "$method: same seed, different indptr"
+    ! cmp -s a.indices.bin c.indices.bin || fail "$method: seeds 11 and 12 gave identical indices"
+  done
+}
+
+case_near_biregular() {
+  expect_exit 0 kvcal mask-gen --rows 96 --cols 128 --row-degree 6 --out n.h5
+  expect_stderr_has "near-biregular"
+  expect_stderr_has "warning:"
+  expect_file n.h5
+  certify_ok n.h5 "96x128 +6 +5" 1  # d2 is the largest column degree, ceil(4.5)
+}
+
+case_bad_parameters() {
+  local -a params=(
+    "--rows 96 --cols 128 --sparsity 0"
+    "--rows 96 --cols 128 --sparsity -0.1"
+    "--rows 96 --cols 128 --sparsity 1.5"
+    "--rows 96 --cols 128 --sparsity nan"
+    "--rows 96 --cols 128 --sparsity inf"
+    "--rows 0 --cols 128 --row-degree 4"
+    "--rows -5 --cols 128 --row-degree 4"
+    "--rows 96 --cols 0 --row-degree 4"
+    "--rows 99999999999 --cols 128 --row-degree 4"
+    "--rows 96 --cols 128 --row-degree 0"
+    "--rows 96 --cols 128 --row-degree 200"
+    "--rows 96 --cols 128 --row-degree 4 --count 0"
+    "--rows 96 --cols 128 --row-degree 4 --tries 0"
+  )
+  local p
+  for p in "${params[@]}"; do
+    fresh_dir param
+    # shellcheck disable=SC2086
+    expect_clean_failure kvcal mask-gen $p --out p.h5
+    expect_stderr_has "kvcal mask-gen"
+    expect_empty_dir .
+  done
+}
+
+case_unwritable_output() {
+  expect_exit 1 kvcal mask-gen --rows 96 --cols 128 --row-degree 4 --out /nonexistent_dir/x.h5
+  expect_stderr_one_line
+  expect_no_file /nonexistent_dir
+
+  mkdir outdir
+  expect_exit 1 kvcal mask-gen --rows 96 --cols 128 --row-degree 4 --out outdir
+  expect_stderr_one_line
+  expect_empty_dir outdir
+
+  if [[ $(id -u) -eq 0 ]]; then
+    echo "note [$CASE]: running as root, skipping the read-only directory check" >&2
+  else
+    mkdir ro
+    chmod 555 ro
+    expect_exit 1 kvcal mask-gen --rows 96 --cols 128 --row-degree 4 --out ro/x.h5
+    expect_stderr_one_line
+    expect_empty_dir ro
+  fi
+}
+
+make_fixtures() {
+  [[ -n $FIXTURES && -x $FIXTURES ]] || { fail "no kvcal_make_fixtures binary (4th argument)"; return 1; }
+  FX=$WORK/fixtures
+  mkdir -p "$FX"
+  run "$FIXTURES" "$FX"
+  [[ $RC -eq 0 ]] || { fail_last "kvcal_make_fixtures failed"; return 1; }
+}
+
+case_certify_bad_files() {
+  make_fixtures || return 0
+  expect_exit 0 kvcal mask-gen --rows 96 --cols 128 --row-degree 4 --out good.h5
+  [[ -f good.h5 ]] || return 0
+  local size
+  size=$(stat -c %s good.h5)
+  : >empty.h5
+  echo "rows,cols" >text.h5
+  head -c 2000 good.h5 >trunc_2000.h5
+  head -c $((size / 2)) good.h5 >trunc_half.h5
+  head -c $((size - 64)) good.h5 >trunc_tail.h5
+
+  # file|what the error must mention
+  local -a bad=(
+    "missing.h5|no such file"
+    "empty.h5|not an HDF5 file"
+    "text.h5|not an HDF5 file"
+    "trunc_2000.h5|trunc_2000.h5"
+    "trunc_half.h5|trunc_half.h5"
+    "trunc_tail.h5|trunc_tail.h5"
+    ".|not a regular file"
+    "bad_not_kvcal.h5|not a kvcal artifact"
+    "bad_format_int.h5|format"
+    "bad_bundle.h5|kvcal.bundle"
+    "bad_version99.h5|format_version 99"
+    "bad_version0.h5|format_version 0"
+    "bad_missing_root_attr.h5|created_utc"
+    "bad_no_masks_group.h5|masks"
+    "bad_empty_masks.h5|no masks"
+    "bad_masks_is_dataset.h5|not a group"
+    "bad_float_indices.h5|indices"
+    "bad_indices_2d.h5|indices"
+    "bad_indptr_short.h5|indptr"
+    "bad_indptr_long.h5|indptr"
+    "bad_missing_sigma2.h5|sigma2"
+    "bad_missing_rows.h5|rows"
+    "bad_rows_negative.h5|out of range"
+    "bad_rows_huge.h5|out of range"
+    "bad_certificate_kind.h5|magic"
+  )
+  local entry file what
+  for entry in "${bad[@]}"; do
+    file=${entry%%|*} what=${entry#*|}
+    if [[ $file == bad_* ]]; then
+      [[ -f $FX/$file ]] || { fail "kvcal_make_fixtures did not write $file"; continue; }
+      file=$FX/$file
+    fi
+    expect_exit 1 kvcal mask-certify "$file"
+    expect_stderr_one_line
+    expect_stderr_has "$what"
+    [[ $file == . ]] || expect_stderr_has "$(basename "$file")"  # the error names the file
+    ! grep -q "OK ramanujan" "$OUT" || fail_last "a bad file was reported OK"
+  done
+  # A bad file after a good one still fails the run.
+  expect_exit 1 kvcal mask-certify good.h5 trunc_half.h5
+  expect_stderr_one_line
+}
+
+case_certify_planted_defects() {
+  make_fixtures || return 0
+  expect_exit 0 kvcal mask-certify "$FX/good.h5" # the control, written the same way
+  expect_stdout_has "OK ramanujan"
+
+  # defect|the false claim the report must name
+  local -a defects=(
+    "repeated_column|repeated edges"
+    "unsorted|not ascending"
+    "out_of_range|out of range"
+    "negative_index|out of range"
+    "wrong_degree|row_degree is 5"
+    "wrong_sigma2|sigma2 is"
+    "claims_ramanujan|cannot be proven"
+    "disconnected|2 connected components"
+  )
+  local entry name what
+  for entry in "${defects[@]}"; do
+    name=${entry%%|*} what=${entry#*|}
+    [[ -f $FX/defect_$name.h5 ]] || { fail "kvcal_make_fixtures did not write defect_$name.h5"; continue; }
+    expect_exit 1 kvcal mask-certify "$FX/defect_$name.h5"
+    expect_stdout_has "FALSE CLAIMS"
+    expect_stdout_has "$what"
+    expect_stdout_has "1 of 1 masks carry false claims"
+    ! grep -q "OK ramanujan" "$OUT" || fail_last "defect_$name was reported OK"
+  done
+  expect_exit 1 kvcal mask-certify "$FX/good.h5" "$FX/defect_unsorted.h5"
+  expect_stdout_has "1 of 2 masks carry false claims"
+}
+
+case_config_file() {
+  cat >recipe.toml <<'EOF'
+# kvcal mask-gen options; keys are the long option names
+[mask-gen]
+rows = 96
+cols = 128
+row-degree = 4
+out = "cfg.h5"
+EOF
+  # The documented form (kvcal --help): --config after the subcommand.
+  expect_exit 0 kvcal mask-gen --config recipe.toml
+  expect_file cfg.h5
+  [[ ! -f cfg.h5 ]] || certify_ok cfg.h5 "96x128 +4 +3" 1
+  rm -f cfg.h5
+
+  # --config before the subcommand, and a command-line option overriding the file.
+  expect_exit 0 kvcal --config recipe.toml mask-gen --out override.h5
+  expect_file override.h5
+  expect_no_file cfg.h5
+
+  fresh_dir nocfg
+  expect_exit 2 kvcal --config missing.toml mask-gen
+  expect_stderr_one_line
+  expect_empty_dir .
+}
+
+# ---------------------------------------------------------------------------
+
+if ! declare -F "case_$CASE" >/dev/null; then
+  echo "unknown case '$CASE'" >&2
+  exit 2
+fi
+[[ -x $KVCAL ]] || { echo "kvcal binary not found at $KVCAL" >&2; exit 2; }
+"case_$CASE"
+if [[ $FAILURES -gt 0 ]]; then
+  echo "case $CASE: $FAILURES check(s) failed" >&2
+  exit 1
+fi
+echo "case $CASE: passed"
