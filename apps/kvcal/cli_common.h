@@ -3,6 +3,7 @@
 #pragma once
 
 #include <functional>
+#include <stdexcept>
 #include <string>
 
 #include <CLI/CLI.hpp>
@@ -16,6 +17,18 @@ struct Globals {
 };
 
 using Runner = std::function<int(const Globals&)>;
+
+// A usage problem found after parsing (a missing or conflicting option):
+// reported like a parse error, with exit status 2.
+class UsageError : public std::runtime_error {
+ public:
+  explicit UsageError(const std::string& what) : std::runtime_error(what) {}
+};
+
+// Throws UsageError with `message` unless `cond` holds.
+inline void require_usage(bool cond, const std::string& message) {
+  if (!cond) throw UsageError(message);
+}
 
 // Each subcommand: adds itself to `app` and returns its runner.
 Runner add_mask_gen(CLI::App& app);

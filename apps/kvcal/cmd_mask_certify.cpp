@@ -42,14 +42,17 @@ int run(const Options& o) {
     for (const MaskRecord& rec : file.masks) {
       ++masks_total;
       log(LogLevel::debug, "re-certifying {} ({}x{})", rec.id, rec.mask.rows, rec.mask.cols);
-      const Verification v = verify_claims(rec.mask, rec.certificate, copt);
+      const Verification v = verify_record(rec, copt);
       const Certificate& c = v.recertified ? v.recomputed : rec.certificate;
       fmt::print(
           "  {:<12} {:>13} {:>5} {:>5} {:>7} {:>6} {:>10.6f} {:>10.6f} {:>10.6f} {:>10.4g} {:>13} {:>9.2g}  {}\n",
           rec.id, fmt::format("{}x{}", rec.mask.rows, rec.mask.cols), v.structure.row_degree_max,
           v.structure.col_degree_max, rec.method, rec.seed, c.sigma1, c.sigma2, c.ramanujan_bound, c.margin,
           to_string(c.kind), c.failure_probability,
-          v.ok() ? (c.ramanujan ? "OK ramanujan" : "OK (not ramanujan)") : "FALSE CLAIMS");
+          !v.ok()                           ? "FALSE CLAIMS"
+          : !c.ramanujan                    ? "OK (not ramanujan)"
+          : rec.certificate_theorem.empty() ? "OK ramanujan"
+                                            : "OK ramanujan + LPS theorem");
       for (const auto& claim : v.false_claims) fmt::print("      {}: {}\n", rec.id, claim);
       if (!v.ok()) ++false_total;
     }

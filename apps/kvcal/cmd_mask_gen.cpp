@@ -1,6 +1,8 @@
-// kvcal mask-gen: generate certified (near-)biregular expander masks.
+// kvcal mask-gen: generate certified (near-)biregular expander masks, random
+// or deterministic (LPS), optionally transposed and enlarged by 2-lifts.
 #include <chrono>
 #include <cmath>
+#include <functional>
 #include <memory>
 #include <optional>
 
@@ -10,6 +12,7 @@
 #include "kvcal/core/error.h"
 #include "kvcal/core/log.h"
 #include "kvcal/graph/generate.h"
+#include "kvcal/graph/lps.h"
 #include "kvcal/io/masks.h"
 #include "kvcal/spectral/certify.h"
 
@@ -19,8 +22,10 @@ namespace {
 struct Options {
   std::int64_t rows = 0, cols = 0, row_degree = 0, count = 1, tries = 16;
   double sparsity = 0;
-  std::string method = "random", out;
+  std::string method = "random", out, construction;
   std::uint64_t seed = 1;
+  std::int64_t lps_p = 0, lps_q = 0, lift_to = 0, max_rows = 65536;
+  bool transpose = false, list_lps = false;
   std::int64_t exact_limit = 8192;
   double max_failure_probability = 1e-9;
   int threads = 0;
@@ -34,95 +39,232 @@ constexpr const char* kFooter = R"(Examples:
   kvcal mask-gen --rows 32768 --cols 4096 --row-degree 128 --method lift --out long.h5
   # eight distinct certified masks of one shape
   kvcal mask-gen --rows 96 --cols 128 --row-degree 4 --count 8 --seed 7 --out eight.h5
+  # deterministic: the LPS graph X^{5,13} (bipartite), 1092x1092, degree 6
+  kvcal mask-gen --method lps --lps-p 5 --lps-q 13 --out lps.h5
+  # its vertex-edge incidence, transposed (6552 tokens x 2184 channels), 2-lifted once
+  kvcal mask-gen --method lps --lps-p 5 --lps-q 13 --construction incidence --transpose --lift-to 13104 --out inc.h5
+  # which LPS shapes exist up to 20000 rows
+  kvcal mask-gen --list-lps --max-rows 20000
 
 A candidate that cannot be certified Ramanujan is retried with the next seed,
-up to --tries times; the file records each winning seed. Same arguments and seed
-give byte-identical mask datasets.)";
+up to --tries times (2-lifts likewise); the file records the winning seeds.
+Same arguments and seed give byte-identical mask datasets. LPS masks need no
+seed: they are Ramanujan by theorem, and kvcal certifies them numerically too.)";
 
-int run(const Options& o, std::optional<std::int64_t> row_degree, std::optional<double> sparsity, const Globals& g) {
-  const MaskMethod method = parse_mask_method(o.method);
-  const MaskShape shape = resolve_shape(o.rows, o.cols, row_degree, sparsity);
+using Clock = std::chrono::steady_clock;
+
+struct Attempt {
+  CsrMask mask;
+  Certificate certificate;
+  std::uint64_t seed = 0;
+};
+
+// Draws candidates from `make(seed)` with successive seeds until one is
+// certified Ramanujan (and passes `accept`), up to `tries`; returns it, or
+// the best uncertified one when allowed. Advances `seed` past what it used.
+Attempt certified_try(const std::string& what, std::int64_t tries, std::uint64_t& seed, bool allow_best,
+                      const CertifyOptions& copt, const std::function<CsrMask(std::uint64_t)>& make,
+                      const std::function<bool(const CsrMask&)>& accept, const std::string& advice) {
+  std::optional<Attempt> best;
+  for (std::int64_t t = 0; t < tries; ++t, ++seed) {
+    const auto t0 = Clock::now();
+    Attempt a;
+    a.seed = seed;
+    a.mask = make(seed);
+    if (!accept(a.mask)) {
+      log(LogLevel::info, "{}: seed {} repeats an earlier mask; next seed", what, seed);
+      continue;
+    }
+    a.certificate = certify(a.mask, copt);
+    const Certificate& c = a.certificate;
+    const double dt = std::chrono::duration<double>(Clock::now() - t0).count();
+    if (c.ramanujan) {
+      log(LogLevel::info, "{}: seed {}: sigma2 = {:.6f} <= tau = {:.6f} ({} certificate, margin {:.4g}) in {}", what,
+          seed, c.sigma2, c.ramanujan_bound, to_string(c.kind), c.margin, seconds(dt));
+      ++seed;
+      return a;
+    }
+    log(LogLevel::info, "{}: seed {}: not certified Ramanujan (sigma2 = {:.6f}, tau = {:.6f}) in {}{}", what, seed,
+        c.sigma2, c.ramanujan_bound, seconds(dt), t + 1 < tries ? "; next seed" : "");
+    if (!best || c.sigma2 < best->certificate.sigma2) best = std::move(a);
+  }
+  KVCAL_CHECK(allow_best && best, "{}: no certified Ramanujan candidate in {} tries (seeds {}..{}); {}", what, tries,
+              seed - static_cast<std::uint64_t>(tries), seed - 1, advice);
+  log(LogLevel::warn, "{}: keeping the best uncertified candidate (seed {}, sigma2 = {:.6f})", what, best->seed,
+      best->certificate.sigma2);
+  return std::move(*best);
+}
+
+int list_lps(std::int64_t max_rows) {
+  KVCAL_CHECK(max_rows >= 1, "--max-rows {} must be positive", max_rows);
+  const std::vector<LpsShape> shapes = list_lps_shapes(max_rows);
+  fmt::print("{:>9} {:>9} {:>5} {:>5} {:>5} {:>4} {:>10} {:>13} {:>10}  {}\n", "rows", "cols", "d1", "d2", "p", "q",
+             "bipartite", "construction", "sparsity", "(--transpose swaps rows/cols and d1/d2)");
+  for (const LpsShape& s : shapes) {
+    fmt::print("{:>9} {:>9} {:>5} {:>5} {:>5} {:>4} {:>10} {:>13} {:>10.6f}\n", s.rows, s.cols, s.row_degree,
+               s.col_degree, s.p, s.q, s.bipartite ? "yes" : "no", to_string(s.construction),
+               static_cast<double>(s.row_degree) / static_cast<double>(s.cols));
+  }
+  log(LogLevel::info, "{} LPS mask shapes with at most {} rows (p < 1024)", shapes.size(), max_rows);
+  return 0;
+}
+
+int run(const Options& o, std::optional<std::int64_t> row_degree, std::optional<double> sparsity, bool shape_given,
+        const Globals& g) {
+  if (o.list_lps) return list_lps(o.max_rows);
+  KVCAL_CHECK(o.method == "random" || o.method == "lift" || o.method == "lps",
+              "unknown method '{}': use random, lift or lps", o.method);
   KVCAL_CHECK(o.count >= 1, "--count {} must be at least 1", o.count);
   KVCAL_CHECK(o.tries >= 1, "--tries {} must be at least 1", o.tries);
   KVCAL_CHECK(o.threads >= 0, "--threads {} must be 0 (all cores) or more", o.threads);
   KVCAL_CHECK(o.exact_limit >= 0, "--exact-limit {} must be 0 or more", o.exact_limit);
   KVCAL_CHECK(o.max_failure_probability > 0 && o.max_failure_probability < 1,
               "--max-failure-probability {} must lie in (0, 1)", o.max_failure_probability);
-  KVCAL_CHECK(!o.out.empty(), "--out is required");
+  KVCAL_CHECK(o.lift_to >= 0, "--lift-to {} must be positive", o.lift_to);
+  require_usage(!o.out.empty(), "--out is required");
   check_mask_output_path(o.out);  // fail before a long generation, not after it
-  if (method == MaskMethod::lift) {
-    const std::string problem = lift_shape_problem(shape);
-    KVCAL_CHECK(problem.empty(), "mask {}x{} with row degree {}: {}", shape.rows, shape.cols, shape.row_degree,
-                problem);
-  }
-  if (sparsity &&
-      std::abs(*sparsity * static_cast<double>(shape.cols) - static_cast<double>(shape.row_degree)) > 1e-9) {
-    log(LogLevel::warn, "sparsity {} gives {} channels per token; using row degree {} (sparsity {:.6g})", *sparsity,
-        *sparsity * static_cast<double>(shape.cols), shape.row_degree, shape.sparsity());
-  }
-  if (!shape.biregular()) {
-    log(LogLevel::warn,
-        "rows x row degree = {} is not a multiple of cols = {}: the mask is near-biregular (column degrees {} and {}); "
-        "its certificate uses the maximum degree {}",
-        shape.rows * shape.row_degree, shape.cols, shape.col_degree_min, shape.col_degree_max, shape.col_degree_max);
-  }
 
   CertifyOptions copt;
   copt.exact_limit = o.exact_limit;
   copt.max_failure_probability = o.max_failure_probability;
   copt.threads = o.threads;
 
+  // The base mask: a seeded generator, or the one deterministic LPS mask.
+  std::function<CsrMask(std::uint64_t)> make_base;
+  std::optional<Attempt> lps_base;
+  std::string base_advice, build_note;
+  MaskRecord proto;
+  proto.method = o.method;
+  proto.transposed = o.transpose;
+  if (o.method == "lps") {
+    require_usage(!shape_given,
+                  "--method lps takes its shape from --lps-p and --lps-q; drop --rows, --cols, --sparsity and "
+                  "--row-degree (see --list-lps for the shapes)");
+    require_usage(o.lps_p != 0 && o.lps_q != 0, "--method lps needs --lps-p and --lps-q (see --list-lps)");
+    const auto t0 = Clock::now();
+    const LpsGraph graph = build_lps_graph(o.lps_p, o.lps_q);
+    const LpsConstruction construction =
+        o.construction.empty() ? default_lps_construction(graph) : parse_lps_construction(o.construction);
+    Attempt a;
+    a.mask = lps_mask(graph, construction);
+    if (o.transpose) a.mask = transpose(a.mask);
+    // Logged once the remaining arguments are checked, so an error stays one line.
+    build_note = fmt::format("X^{{{},{}}}: {} vertices, {}-regular, {}; {} mask {}x{} built in {}", o.lps_p, o.lps_q,
+                             graph.vertices(), graph.degree(), graph.bipartite ? "bipartite" : "non-bipartite",
+                             to_string(construction), a.mask.rows, a.mask.cols,
+                             seconds(std::chrono::duration<double>(Clock::now() - t0).count()));
+    lps_base = std::move(a);
+    proto.lps_p = o.lps_p;
+    proto.lps_q = o.lps_q;
+    proto.construction = to_string(construction);
+  } else {
+    require_usage(o.lps_p == 0 && o.lps_q == 0 && o.construction.empty(),
+                  "--lps-p, --lps-q and --construction need --method lps");
+    const MaskMethod method = parse_mask_method(o.method);
+    const MaskShape shape = resolve_shape(o.rows, o.cols, row_degree, sparsity);
+    if (method == MaskMethod::lift) {
+      const std::string problem = lift_shape_problem(shape);
+      KVCAL_CHECK(problem.empty(), "mask {}x{} with row degree {}: {}", shape.rows, shape.cols, shape.row_degree,
+                  problem);
+    }
+    if (sparsity &&
+        std::abs(*sparsity * static_cast<double>(shape.cols) - static_cast<double>(shape.row_degree)) > 1e-9) {
+      log(LogLevel::warn, "sparsity {} gives {} channels per token; using row degree {} (sparsity {:.6g})", *sparsity,
+          *sparsity * static_cast<double>(shape.cols), shape.row_degree, shape.sparsity());
+    }
+    if (!shape.biregular()) {
+      log(LogLevel::warn,
+          "rows x row degree = {} is not a multiple of cols = {}: the mask is near-biregular (column degrees {} and "
+          "{}); its certificate uses the maximum degree {}",
+          shape.rows * shape.row_degree, shape.cols, shape.col_degree_min, shape.col_degree_max, shape.col_degree_max);
+    }
+    make_base = [method, shape, t = o.transpose](std::uint64_t s) {
+      CsrMask m = generate(method, shape, s);
+      return t ? transpose(m) : m;
+    };
+    base_advice = fmt::format("raise --tries, try --method {}, or pass --allow-non-ramanujan to keep the best",
+                              method == MaskMethod::lift ? "random" : "lift");
+  }
+
+  // 2-lifts: each doubles rows and cols; --lift-to names the final rows.
+  const std::int64_t base_rows = lps_base ? lps_base->mask.rows : (o.transpose ? o.cols : o.rows);
+  std::int64_t lifts = 0;
+  if (o.lift_to > 0) {
+    std::int64_t r = base_rows;
+    while (r < o.lift_to && lifts < 31) r *= 2, ++lifts;
+    KVCAL_CHECK(r == o.lift_to && lifts >= 1,
+                "--lift-to {} is not {} times a power of two (2-lifts double the rows; reachable: {}, {}, {}, ...)",
+                o.lift_to, base_rows, base_rows * 2, base_rows * 4, base_rows * 8);
+  }
+  KVCAL_CHECK(!lps_base || lifts > 0 || o.count == 1,
+              "LPS masks are deterministic: there is one per (p, q, construction); --count {} needs --lift-to",
+              o.count);
+
+  if (lps_base) {  // certified once all arguments are known to be usable
+    log(LogLevel::info, "{}", build_note);
+    Attempt& a = *lps_base;
+    const std::string construction = proto.construction;
+    const auto t1 = Clock::now();
+    a.certificate = certify(a.mask, copt);
+    const Certificate& c = a.certificate;
+    log(LogLevel::info, "X^{{{},{}}} {} mask: sigma2 = {:.6f}, tau = {:.6f}, {} certificate (margin {:.4g}) in {}",
+        o.lps_p, o.lps_q, construction, c.sigma2, c.ramanujan_bound, to_string(c.kind), c.margin,
+        seconds(std::chrono::duration<double>(Clock::now() - t1).count()));
+    if (!c.ramanujan) {
+      log(LogLevel::warn,
+          "X^{{{},{}}}: the numerical certificate could not confirm the theorem ({}); raise "
+          "--max-failure-probability or --exact-limit",
+          o.lps_p, o.lps_q, to_string(c.kind));
+    }
+  }
+
   std::vector<MaskRecord> accepted;
+  auto is_new = [&](const CsrMask& m) {
+    for (const auto& prev : accepted) {
+      if (prev.mask == m) return false;
+    }
+    return true;
+  };
+  auto always = [](const CsrMask&) { return true; };
   std::uint64_t seed = o.seed;
   for (std::int64_t m = 0; m < o.count; ++m) {
-    std::optional<MaskRecord> best;
-    bool found = false;
-    for (std::int64_t t = 0; t < o.tries && !found; ++t, ++seed) {
-      const auto t0 = std::chrono::steady_clock::now();
-      MaskRecord rec;
-      rec.mask = generate(method, shape, seed);
-      bool duplicate = false;
-      for (const auto& prev : accepted) duplicate = duplicate || prev.mask == rec.mask;
-      if (duplicate) {
-        log(LogLevel::info, "mask {}/{}: seed {} repeats an earlier mask; next seed", m + 1, o.count, seed);
-        continue;
-      }
-      rec.certificate = certify(rec.mask, copt);
-      rec.method = o.method;
-      rec.seed = seed;
-      rec.id = fmt::format("mask_{:04d}", m);
-      const Certificate& c = rec.certificate;
-      const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-      if (c.ramanujan) {
-        log(LogLevel::info,
-            "mask {}/{}: seed {}: sigma2 = {:.6f} <= tau = {:.6f} ({} certificate, margin {:.4g}) in {}", m + 1,
-            o.count, seed, c.sigma2, c.ramanujan_bound, to_string(c.kind), c.margin, seconds(dt));
-        found = true;
-        best = std::move(rec);
-      } else {
-        log(LogLevel::info, "mask {}/{}: seed {}: not certified Ramanujan (sigma2 = {:.6f}, tau = {:.6f}) in {}{}",
-            m + 1, o.count, seed, c.sigma2, c.ramanujan_bound, seconds(dt), t + 1 < o.tries ? "; next seed" : "");
-        if (!best || c.sigma2 < best->certificate.sigma2) best = std::move(rec);
-      }
+    const std::string what = fmt::format("mask {}/{}", m + 1, o.count);
+    MaskRecord rec = proto;
+    rec.id = fmt::format("mask_{:04d}", m);
+    Attempt cur;
+    if (lps_base) {
+      cur = *lps_base;
+      rec.certificate_theorem = lifts == 0 ? "LPS" : "";
+    } else {
+      cur = certified_try(what, o.tries, seed, o.allow_non_ramanujan, copt, make_base,
+                          lifts == 0 ? std::function<bool(const CsrMask&)>(is_new) : always, base_advice);
+      rec.seed = cur.seed;
     }
-    if (!found) {
-      KVCAL_CHECK(o.allow_non_ramanujan && best,
-                  "no certified Ramanujan mask {}x{} (row degree {}) in {} tries from seed {}; raise --tries, try "
-                  "--method {}, or pass --allow-non-ramanujan to keep the best candidate",
-                  shape.rows, shape.cols, shape.row_degree, o.tries, seed - o.tries,
-                  method == MaskMethod::lift ? "random" : "lift");
-      log(LogLevel::warn, "mask {}/{}: keeping the best uncertified candidate (seed {}, sigma2 = {:.6f})", m + 1,
-          o.count, best->seed, best->certificate.sigma2);
+    for (std::int64_t level = 1; level <= lifts; ++level) {
+      const CsrMask base = std::move(cur.mask);
+      cur = certified_try(
+          fmt::format("{}, 2-lift {}/{} to {}x{}", what, level, lifts, 2 * base.rows, 2 * base.cols), o.tries, seed,
+          o.allow_non_ramanujan, copt, [&base](std::uint64_t s) { return two_lift(base, s); },
+          level == lifts ? std::function<bool(const CsrMask&)>(is_new) : always,
+          "raise --tries or pass --allow-non-ramanujan to keep the best");
+      rec.lift_seeds.push_back(cur.seed);
     }
-    accepted.push_back(std::move(*best));
+    rec.mask = std::move(cur.mask);
+    rec.certificate = cur.certificate;
+    accepted.push_back(std::move(rec));
   }
 
   write_mask_file(o.out, accepted, g.command_line);
   for (const auto& r : accepted) {
     const Certificate& c = r.certificate;
-    fmt::print("{}  {}x{}  d1={} d2={}  seed={}  sigma2={:.6f}  tau={:.6f}  margin={:.4g}  {}\n", r.id, r.mask.rows,
-               r.mask.cols, c.row_degree, c.col_degree, r.seed, c.sigma2, c.ramanujan_bound, c.margin,
-               c.ramanujan ? fmt::format("ramanujan ({})", to_string(c.kind)) : std::string("NOT certified"));
+    const std::string origin = r.method == "lps" ? fmt::format("lps X^{{{},{}}} {}", r.lps_p, r.lps_q, r.construction)
+                                                 : fmt::format("{} seed={}", r.method, r.seed);
+    fmt::print("{}  {}x{}  d1={} d2={}  {}{}{}  sigma2={:.6f}  tau={:.6f}  margin={:.4g}  {}{}\n", r.id, r.mask.rows,
+               r.mask.cols, c.row_degree, c.col_degree, origin, r.transposed ? " transposed" : "",
+               r.lift_seeds.empty() ? std::string() : fmt::format(" lifts={}", r.lift_seeds.size()), c.sigma2,
+               c.ramanujan_bound, c.margin,
+               c.ramanujan ? fmt::format("ramanujan ({})", to_string(c.kind)) : std::string("NOT certified"),
+               r.certificate_theorem.empty() ? "" : " + LPS theorem");
   }
   log(LogLevel::info, "wrote {} mask{} to {}", accepted.size(), accepted.size() == 1 ? "" : "s", o.out);
   return 0;
@@ -134,15 +276,25 @@ Runner add_mask_gen(CLI::App& app) {
   auto o = std::make_shared<Options>();
   CLI::App* sub = app.add_subcommand("mask-gen", "Generate certified Ramanujan expander masks (HEX §3.2, App. A.2)");
   sub->footer(kFooter);
-  sub->add_option("--rows", o->rows, "Tokens (mask rows), e.g. the block size 96")->required();
-  sub->add_option("--cols", o->cols, "Channels (mask columns), e.g. the head dimension 128")->required();
+  auto* rows = sub->add_option("--rows", o->rows, "Tokens (mask rows), e.g. the block size 96");
+  auto* cols = sub->add_option("--cols", o->cols, "Channels (mask columns), e.g. the head dimension 128");
   auto* sp =
       sub->add_option("--sparsity", o->sparsity, "Fraction of channels kept per token, rho = d1 / cols, in (0, 1]");
   auto* deg = sub->add_option("--row-degree", o->row_degree, "Channels kept per token (d1), instead of --sparsity");
   sp->excludes(deg);
-  sub->add_option("--method", o->method, "random (configuration model + switches) or lift (block-structured r-lift)")
-      ->check(CLI::IsMember({"random", "lift"}))
+  sub->add_option("--method", o->method,
+                  "random (configuration model + switches), lift (block-structured r-lift) or lps (deterministic)")
+      ->check(CLI::IsMember({"random", "lift", "lps"}))
       ->capture_default_str();
+  sub->add_option("--lps-p", o->lps_p, "LPS: odd prime p; the degree is p + 1");
+  sub->add_option("--lps-q", o->lps_q, "LPS: odd prime q = 1 (mod 4), q != p; q(q^2-1) or half as many vertices");
+  sub->add_option("--construction", o->construction,
+                  "LPS: half (bipartite graphs), double-cover (non-bipartite) or incidence; default by graph")
+      ->check(CLI::IsMember({"half", "double-cover", "incidence"}));
+  sub->add_flag("--transpose", o->transpose, "Swap rows and columns of the base mask (the other orientation)");
+  sub->add_option("--lift-to", o->lift_to, "Random certified 2-lifts until the mask has this many rows");
+  sub->add_flag("--list-lps", o->list_lps, "Print every LPS mask shape up to --max-rows rows, then exit");
+  sub->add_option("--max-rows", o->max_rows, "Largest rows listed by --list-lps")->capture_default_str();
   sub->add_option("--seed", o->seed, "First seed; a failed candidate moves on to the next")
       ->check(CLI::Validator(
           [](std::string& v) {
@@ -152,8 +304,8 @@ Runner add_mask_gen(CLI::App& app) {
           "UINT64"))
       ->capture_default_str();
   sub->add_option("--count", o->count, "Distinct certified masks of this shape to write")->capture_default_str();
-  sub->add_option("--tries", o->tries, "Candidates to try per mask")->capture_default_str();
-  sub->add_option("--out", o->out, "Output HDF5 file (written atomically)")->required();
+  sub->add_option("--tries", o->tries, "Candidates to try per mask (and per 2-lift)")->capture_default_str();
+  sub->add_option("--out", o->out, "Output HDF5 file (written atomically)");
   sub->add_option("--exact-limit", o->exact_limit, "Largest Gram side for the exact (Cholesky) certificate")
       ->capture_default_str();
   sub->add_option("--max-failure-probability", o->max_failure_probability,
@@ -162,13 +314,17 @@ Runner add_mask_gen(CLI::App& app) {
   sub->add_option("--threads", o->threads, "Worker threads (0: all cores)")->capture_default_str();
   sub->add_flag("--allow-non-ramanujan", o->allow_non_ramanujan,
                 "Keep the best uncertified candidate instead of failing when no try is certified");
-  return [o, sp, deg](const Globals& g) {
-    KVCAL_CHECK(sp->count() + deg->count() == 1, "give one of --sparsity or --row-degree");
+  return [o, sp, deg, rows, cols](const Globals& g) {
+    const bool shape_given = rows->count() + cols->count() + sp->count() + deg->count() > 0;
     std::optional<std::int64_t> row_degree;
     std::optional<double> sparsity;
-    if (deg->count()) row_degree = o->row_degree;
-    if (sp->count()) sparsity = o->sparsity;
-    return run(*o, row_degree, sparsity, g);
+    if (!o->list_lps && o->method != "lps") {
+      require_usage(rows->count() && cols->count(), fmt::format("--method {} needs --rows and --cols", o->method));
+      require_usage(sp->count() + deg->count() == 1, "give one of --sparsity or --row-degree");
+      if (deg->count()) row_degree = o->row_degree;
+      if (sp->count()) sparsity = o->sparsity;
+    }
+    return run(*o, row_degree, sparsity, shape_given, g);
   };
 }
 

@@ -74,6 +74,9 @@ int main(int argc, char** argv) {
     CLI::App* sub = app.get_subcommands().front();
     which = "kvcal " + sub->get_name();
     return runners.at(sub)(globals);
+  } catch (const cli::UsageError& e) {
+    std::fprintf(stderr, "%s: %s (run '%s --help')\n", which.c_str(), e.what(), which.c_str());
+    return 2;
   } catch (const Error& e) {
     std::fprintf(stderr, "%s: error: %s\n", which.c_str(), e.what());
   } catch (const std::bad_alloc&) {

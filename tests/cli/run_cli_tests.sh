@@ -398,6 +398,66 @@ EOF
   expect_empty_dir .
 }
 
+case_lps() {
+  fresh_dir lps
+  # X^{5,13}: (5/13) = -1, bipartite on PGL(2,13), 2184 vertices; half = 1092x1092, 6-regular.
+  expect_exit 0 kvcal mask-gen --method lps --lps-p 5 --lps-q 13 --out half.h5
+  expect_stdout_has "1092x1092  d1=6 d2=6  lps X^{5,13} half"
+  expect_exit 0 kvcal mask-certify half.h5
+  expect_stdout_has "OK ramanujan + LPS theorem"
+  # X^{3,13}: (3/13) = +1, non-bipartite on PSL(2,13), 1092 vertices: the default is the double cover.
+  expect_exit 0 kvcal mask-gen --method lps --lps-p 3 --lps-q 13 --out dc.h5
+  expect_stdout_has "1092x1092  d1=4 d2=4  lps X^{3,13} double-cover"
+  # Incidence, transposed: X^{5,13} has 2184 * 6 / 2 = 6552 edges, so 6552 x 2184, (2, 6)-biregular.
+  expect_exit 0 kvcal mask-gen --method lps --lps-p 5 --lps-q 13 --construction incidence --transpose --out inc.h5
+  expect_stdout_has "6552x2184  d1=2 d2=6"
+  expect_exit 0 kvcal mask-certify inc.h5
+  expect_stdout_has "OK ramanujan + LPS theorem"
+  # Two certified 2-lifts of the double cover, two distinct masks.
+  expect_exit 0 kvcal mask-gen --method lps --lps-p 3 --lps-q 13 --lift-to 4368 --count 2 --out lifted.h5
+  expect_exit 0 kvcal mask-certify lifted.h5
+  expect_stdout_has "all 2 masks verified"
+  expect_stdout_has "4368x4368"
+  # Same arguments, same bytes; the LPS mask does not depend on --seed.
+  expect_exit 0 kvcal mask-gen --method lps --lps-p 5 --lps-q 13 --seed 99 --out half2.h5
+  if command -v h5dump >/dev/null; then
+    cmp -s <(h5dump -d /masks/mask_0000/indices half.h5 | tail -n +2) \
+      <(h5dump -d /masks/mask_0000/indices half2.h5 | tail -n +2) || fail "LPS masks differ between runs"
+  fi
+  expect_no_temp_files .
+  # The listing.
+  expect_exit 0 kvcal mask-gen --list-lps --max-rows 1100
+  expect_stdout_has "half"
+  grep -qE '^ +1092 +1092 +6 +6 +5 +13 +yes +half' "$OUT" || fail_last "X^{5,13} half missing from --list-lps"
+}
+
+case_lps_errors() {
+  local -a cmds=(
+    "--lps-p 13 --lps-q 13"                           # p = q
+    "--lps-p 5 --lps-q 7"                             # q = 3 mod 4
+    "--lps-p 9 --lps-q 13"                            # p not prime
+    "--lps-p 5 --lps-q 21"                            # q not prime
+    "--lps-p 2 --lps-q 13"                            # p even
+    "--lps-p 61 --lps-q 5"                            # generators not distinct mod 5
+    "--lps-p 5 --lps-q 13 --construction double-cover" # bipartite: sigma2 = sigma1
+    "--lps-p 3 --lps-q 13 --construction half"        # non-bipartite
+    "--lps-p 5 --lps-q 13 --count 2"                  # deterministic: one mask
+    "--lps-p 5 --lps-q 13 --lift-to 3000"             # not 1092 * 2^k
+    "--lps-p 5 --lps-q 13 --rows 96"                  # shape comes from p, q
+    "--lps-p 5"                                       # q missing
+  )
+  local c
+  for c in "${cmds[@]}"; do
+    fresh_dir lpserr
+    # shellcheck disable=SC2086
+    expect_clean_failure kvcal mask-gen --method lps $c --out x.h5
+    expect_empty_dir .
+  done
+  fresh_dir lpserr
+  expect_clean_failure kvcal mask-gen --rows 96 --cols 128 --row-degree 4 --lps-p 5 --out x.h5
+  expect_empty_dir .
+}
+
 # ---------------------------------------------------------------------------
 
 if ! declare -F "case_$CASE" >/dev/null; then

@@ -3,6 +3,7 @@
 
 #include <Eigen/Dense>
 #include <algorithm>
+#include <cmath>
 #include <vector>
 
 #include "kvcal/graph/csr.h"
@@ -17,11 +18,21 @@ inline Eigen::MatrixXd to_dense(const CsrMask& m) {
   return b;
 }
 
-// All singular values, descending, by Eigen's dense SVD (no Lanczos involved).
+// All singular values, descending, by Eigen's dense solvers (no Lanczos
+// involved): the Jacobi SVD for small masks, the square roots of the smaller
+// Gram matrix's eigenvalues (tridiagonal QR) above 256 on the smaller side.
 inline std::vector<double> dense_singular_values(const CsrMask& m) {
-  Eigen::JacobiSVD<Eigen::MatrixXd> svd(to_dense(m));
-  const Eigen::VectorXd s = svd.singularValues();
-  return {s.data(), s.data() + s.size()};
+  const Eigen::MatrixXd b = to_dense(m);
+  if (std::min(m.rows, m.cols) <= 256) {
+    Eigen::JacobiSVD<Eigen::MatrixXd> svd(b);
+    const Eigen::VectorXd s = svd.singularValues();
+    return {s.data(), s.data() + s.size()};
+  }
+  const Eigen::MatrixXd g = m.rows <= m.cols ? Eigen::MatrixXd(b * b.transpose()) : Eigen::MatrixXd(b.transpose() * b);
+  Eigen::SelfAdjointEigenSolver<Eigen::MatrixXd> es(g, Eigen::EigenvaluesOnly);
+  std::vector<double> s;
+  for (Eigen::Index i = g.rows() - 1; i >= 0; --i) s.push_back(std::sqrt(std::max(es.eigenvalues()[i], 0.0)));
+  return s;
 }
 
 // Builds a CSR from a dense 0/1 pattern.

@@ -146,9 +146,10 @@ std::string lps_problem(std::int64_t p, std::int64_t q, std::int64_t max_vertice
     keys.insert(g.key(m));
   }
   if (static_cast<std::int64_t>(keys.size()) != p + 1) {
-    return fmt::format("the {} generators of X^{{{},{}}} are not distinct mod {} (q is too small for p; try q > 2 sqrt(p)): "
-                       "they would give a multigraph, not a 0/1 mask",
-                       p + 1, p, q, q);
+    return fmt::format(
+        "the {} generators of X^{{{},{}}} are not distinct mod {} (q is too small for p; try q > 2 sqrt(p)): "
+        "they would give a multigraph, not a 0/1 mask",
+        p + 1, p, q, q);
   }
   return {};
 }
@@ -176,8 +177,8 @@ LpsGraph build_lps_graph(std::int64_t p, std::int64_t q) {
       const Mat w = g.canon(g.mul(verts[u], gens[j]));
       std::int32_t& slot = id[g.key(w)];
       if (slot < 0) {
-        KVCAL_CHECK(static_cast<std::int64_t>(verts.size()) < expected, "X^{{{},{}}} has more vertices than {}", p,
-                    q, expected);
+        KVCAL_CHECK(static_cast<std::int64_t>(verts.size()) < expected, "X^{{{},{}}} has more vertices than {}", p, q,
+                    expected);
         slot = static_cast<std::int32_t>(verts.size());
         verts.push_back(w);
       }
@@ -201,9 +202,12 @@ LpsGraph build_lps_graph(std::int64_t p, std::int64_t q) {
 
 const char* to_string(LpsConstruction c) {
   switch (c) {
-    case LpsConstruction::half: return "half";
-    case LpsConstruction::double_cover: return "double-cover";
-    case LpsConstruction::incidence: return "incidence";
+    case LpsConstruction::half:
+      return "half";
+    case LpsConstruction::double_cover:
+      return "double-cover";
+    case LpsConstruction::incidence:
+      return "incidence";
   }
   return "unknown";
 }
@@ -283,9 +287,9 @@ CsrMask lps_mask(const LpsGraph& graph, LpsConstruction construction) {
 }
 
 CsrMask two_lift(const CsrMask& b, std::uint64_t seed) {
-  KVCAL_CHECK(2 * b.rows <= std::numeric_limits<std::int32_t>::max() &&
-                  2 * b.cols <= std::numeric_limits<std::int32_t>::max(),
-              "a 2-lift of a {}x{} mask exceeds 2^31 rows or columns", b.rows, b.cols);
+  KVCAL_CHECK(
+      2 * b.rows <= std::numeric_limits<std::int32_t>::max() && 2 * b.cols <= std::numeric_limits<std::int32_t>::max(),
+      "a 2-lift of a {}x{} mask exceeds 2^31 rows or columns", b.rows, b.cols);
   Rng rng(seed);
   const std::int64_t m = b.rows, n = b.cols;
   CsrMask out;

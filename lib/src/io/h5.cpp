@@ -167,6 +167,36 @@ void write_attr(hid_t obj, const std::string& name, double value) {
   write_attr_native(obj, name, H5T_NATIVE_DOUBLE, H5T_IEEE_F64LE, value);
 }
 
+void write_attr(hid_t obj, const std::string& name, const std::vector<std::uint64_t>& values) {
+  if (has_attr(obj, name)) H5Adelete(obj, name.c_str());
+  const hsize_t dims[1] = {static_cast<hsize_t>(values.size())};
+  H5Handle space(values.empty() ? H5Screate(H5S_NULL) : H5Screate_simple(1, dims, nullptr), H5Sclose);
+  H5Handle attr(H5Acreate2(obj, name.c_str(), H5T_STD_U64LE, space.get(), H5P_DEFAULT, H5P_DEFAULT), H5Aclose);
+  KVCAL_CHECK(attr.valid(), "cannot write attribute '{}'", name);
+  if (!values.empty()) {
+    KVCAL_CHECK(H5Awrite(attr.get(), H5T_NATIVE_UINT64, values.data()) >= 0, "cannot write attribute '{}'", name);
+  }
+}
+
+std::vector<std::uint64_t> read_attr_uint_array(hid_t obj, const std::string& name, const std::string& context,
+                                                std::size_t max_elements) {
+  H5Handle attr = attr_handle(obj, name, context);
+  H5Handle type(H5Aget_type(attr.get()), H5Tclose);
+  KVCAL_CHECK(H5Tget_class(type.get()) == H5T_INTEGER && H5Tget_sign(type.get()) == H5T_SGN_NONE,
+              "{}: attribute '{}' must hold unsigned integers", context, name);
+  H5Handle space(H5Aget_space(attr.get()), H5Sclose);
+  const hssize_t npoints =
+      H5Sget_simple_extent_type(space.get()) == H5S_NULL ? 0 : H5Sget_simple_extent_npoints(space.get());
+  KVCAL_CHECK(npoints >= 0 && static_cast<std::size_t>(npoints) <= max_elements,
+              "{}: attribute '{}' holds {} values, at most {} expected", context, name, npoints, max_elements);
+  std::vector<std::uint64_t> out(static_cast<std::size_t>(npoints));
+  if (!out.empty()) {
+    KVCAL_CHECK(H5Aread(attr.get(), H5T_NATIVE_UINT64, out.data()) >= 0, "{}: cannot read attribute '{}'", context,
+                name);
+  }
+  return out;
+}
+
 bool has_attr(hid_t obj, const std::string& name) { return H5Aexists(obj, name.c_str()) > 0; }
 
 std::string read_attr_string(hid_t obj, const std::string& name, const std::string& context) {

@@ -64,6 +64,10 @@ void write_attr(hid_t obj, const std::string& name, std::int64_t value);
 void write_attr(hid_t obj, const std::string& name, std::uint64_t value);
 void write_attr(hid_t obj, const std::string& name, double value);
 bool has_attr(hid_t obj, const std::string& name);
+void write_attr(hid_t obj, const std::string& name, const std::vector<std::uint64_t>& values);
+// A 1-D unsigned integer attribute of at most max_elements values.
+std::vector<std::uint64_t> read_attr_uint_array(hid_t obj, const std::string& name, const std::string& context,
+                                                std::size_t max_elements);
 std::string read_attr_string(hid_t obj, const std::string& name, const std::string& context);
 std::int64_t read_attr_int(hid_t obj, const std::string& name, const std::string& context);
 std::uint64_t read_attr_uint(hid_t obj, const std::string& name, const std::string& context);

@@ -4,6 +4,7 @@
 
 #include "io/h5.h"
 #include "kvcal/core/version.h"
+#include "kvcal/graph/lps.h"
 
 namespace kvcal {
 
@@ -32,6 +33,16 @@ void write_mask_file(const std::string& path, const std::vector<MaskRecord>& mas
       detail::write_attr(g.get(), "certificate", std::string(to_string(c.kind)));
       detail::write_attr(g.get(), "certificate_margin", c.margin);
       detail::write_attr(g.get(), "failure_probability", c.failure_probability);
+      detail::write_attr(g.get(), "transposed", std::int64_t{rec.transposed});
+      detail::write_attr(g.get(), "lifts", static_cast<std::int64_t>(rec.lift_seeds.size()));
+      if (!rec.lift_seeds.empty()) detail::write_attr(g.get(), "lift_seeds", rec.lift_seeds);
+      if (rec.method == "lps") {
+        detail::write_attr(g.get(), "lps_p", rec.lps_p);
+        detail::write_attr(g.get(), "lps_q", rec.lps_q);
+        detail::write_attr(g.get(), "construction", rec.construction);
+        detail::write_attr(g.get(), "certificate_theorem",
+                           rec.certificate_theorem.empty() ? std::string("none") : rec.certificate_theorem);
+      }
     }
   });
 }
@@ -79,9 +90,56 @@ MaskFile read_mask_file(const std::string& path) {
     }
     c.margin = detail::read_attr_double(g.get(), "certificate_margin", ctx);
     c.failure_probability = detail::read_attr_double(g.get(), "failure_probability", ctx);
+    // Optional attributes (absent in files from before they existed).
+    if (detail::has_attr(g.get(), "transposed"))
+      rec.transposed = detail::read_attr_int(g.get(), "transposed", ctx) != 0;
+    const std::int64_t lifts = detail::has_attr(g.get(), "lifts") ? detail::read_attr_int(g.get(), "lifts", ctx) : 0;
+    KVCAL_CHECK(lifts >= 0 && lifts <= 62, "{}: lifts = {} is out of range", ctx, lifts);
+    if (lifts > 0) {
+      rec.lift_seeds = detail::read_attr_uint_array(g.get(), "lift_seeds", ctx, 62);
+      KVCAL_CHECK(static_cast<std::int64_t>(rec.lift_seeds.size()) == lifts,
+                  "{}: lifts = {} but lift_seeds holds {} seeds", ctx, lifts, rec.lift_seeds.size());
+    }
+    if (rec.method == "lps") {
+      rec.lps_p = detail::read_attr_int(g.get(), "lps_p", ctx);
+      rec.lps_q = detail::read_attr_int(g.get(), "lps_q", ctx);
+      rec.construction = detail::read_attr_string(g.get(), "construction", ctx);
+      rec.certificate_theorem = detail::read_attr_string(g.get(), "certificate_theorem", ctx);
+      if (rec.certificate_theorem == "none") rec.certificate_theorem.clear();
+    }
     out.masks.push_back(std::move(rec));
   }
   return out;
+}
+
+Verification verify_record(const MaskRecord& rec, const CertifyOptions& options) {
+  Verification v = verify_claims(rec.mask, rec.certificate, options);
+  if (rec.certificate_theorem.empty()) return v;
+  if (rec.certificate_theorem != "LPS") {
+    v.false_claims.push_back(fmt::format("unknown certificate_theorem '{}'", rec.certificate_theorem));
+    return v;
+  }
+  if (!rec.lift_seeds.empty()) {
+    v.false_claims.push_back("claims the LPS theorem for a lifted mask (the theorem covers only the base)");
+    return v;
+  }
+  const std::string problem = lps_problem(rec.lps_p, rec.lps_q);
+  if (!problem.empty()) {
+    v.false_claims.push_back(fmt::format("claims the LPS theorem, but {}", problem));
+    return v;
+  }
+  try {
+    const LpsGraph graph = build_lps_graph(rec.lps_p, rec.lps_q);
+    CsrMask reference = lps_mask(graph, parse_lps_construction(rec.construction));
+    if (rec.transposed) reference = transpose(reference);
+    if (!(reference == rec.mask)) {
+      v.false_claims.push_back(fmt::format("claims the LPS theorem but is not the {} mask of X^{{{},{}}}",
+                                           rec.construction, rec.lps_p, rec.lps_q));
+    }
+  } catch (const Error& e) {
+    v.false_claims.push_back(fmt::format("claims the LPS theorem, but: {}", e.what()));
+  }
+  return v;
 }
 
 }  // namespace kvcal

@@ -401,8 +401,8 @@ Certificate certify(const CsrMask& mask, const CertifyOptions& opt) {
     }
   }
   c.margin = tau - c.sigma2;
-  log(LogLevel::debug, "{}x{} mask: {} certificate and estimate in {:.3f} s", mask.rows, mask.cols,
-      to_string(c.kind), std::chrono::duration<double>(std::chrono::steady_clock::now() - t_certify).count());
+  log(LogLevel::debug, "{}x{} mask: {} certificate and estimate in {:.3f} s", mask.rows, mask.cols, to_string(c.kind),
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t_certify).count());
   return c;
 }
 

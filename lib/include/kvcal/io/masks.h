@@ -12,6 +12,7 @@
 
 #include "kvcal/graph/csr.h"
 #include "kvcal/spectral/certify.h"
+#include "kvcal/spectral/verify.h"
 
 namespace kvcal {
 
@@ -21,9 +22,18 @@ inline constexpr std::int64_t kMaskFormatVersion = 1;
 struct MaskRecord {
   std::string id;  // group name under /masks
   CsrMask mask;
-  std::string method;  // "random", "lift", ...
-  std::uint64_t seed = 0;
+  std::string method;       // "random", "lift" or "lps"
+  std::uint64_t seed = 0;   // seed of the base mask (0 for lps, which needs none)
   Certificate certificate;  // the claims stored with the mask
+
+  // Deterministic LPS masks (method "lps"); attributes lps_p, lps_q, construction.
+  std::int64_t lps_p = 0, lps_q = 0;
+  std::string construction;  // "half", "double-cover" or "incidence"
+  // "LPS" when the LPS theorem alone proves the mask Ramanujan (no lifts);
+  // empty otherwise. The numerical certificate is recorded either way.
+  std::string certificate_theorem;
+  bool transposed = false;                // the base mask was transposed (attribute transposed)
+  std::vector<std::uint64_t> lift_seeds;  // winning seed of each random 2-lift (attribute lifts = count)
 };
 
 struct MaskFile {
@@ -47,5 +57,10 @@ void check_mask_output_path(const std::string& path);
 // do not match the stated shape. The CSR content itself is returned as
 // stored; check it with check_structure() before use.
 MaskFile read_mask_file(const std::string& path);
+
+// Everything kvcal mask-certify checks for one record: verify_claims() on the
+// CSR, plus, for a mask claiming the LPS theorem, that it is exactly the
+// X^{p,q} mask its attributes name (rebuilt from p and q).
+Verification verify_record(const MaskRecord& record, const CertifyOptions& options = {});
 
 }  // namespace kvcal
