@@ -20,6 +20,8 @@ for case in b_32768x4096_lift_2cores b_32768x4096_random_2cores b_32768x4096_lif
   echo "== (b) $case"
   $bench --benchmark_filter="$case" --benchmark_out="$out/$case.json" --benchmark_out_format=json
 done
+echo "== LPS X^{13,61}: build, build + certificate, and a random mask of the same shape"
+$bench --benchmark_filter='lps_' --benchmark_out="$out/lps.json" --benchmark_out_format=json
 echo "== (b) as a user runs it: kvcal mask-gen + exact certificate, wall time and peak memory"
 /usr/bin/time -f "kvcal mask-gen 32768x4096 lift: %e s wall, %M KiB peak" \
   build/release/bin/kvcal mask-gen --rows 32768 --cols 4096 --row-degree 128 --method lift --seed 1 --tries 8 \

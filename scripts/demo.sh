@@ -17,7 +17,13 @@ echo
 echo "== kvcal mask-gen: one 8192x128 block-structured lift, rho = 1/32"
 $kvcal mask-gen --rows 8192 --cols 128 --sparsity 0.03125 --method lift --out "$out/long_8192x128.h5"
 echo
-echo "== kvcal mask-certify: every stored claim re-derived from the CSR"
-$kvcal mask-certify "$out/block_96x128.h5" "$out/long_8192x128.h5"
+echo "== deterministic next to random: the LPS graph X^{5,13} (1092x1092, degree 6) and a random mask of that shape"
+timed() { local t0 t1; t0=$(date +%s.%N); "$@"; t1=$(date +%s.%N); printf '   (%.2f s)\n' "$(echo "$t1 - $t0" | bc -l)"; }
+timed $kvcal mask-gen --method lps --lps-p 5 --lps-q 13 --out "$out/lps_1092x1092.h5"
+timed $kvcal mask-gen --rows 1092 --cols 1092 --row-degree 6 --seed 1 --out "$out/random_1092x1092.h5"
 echo
-echo "Results: $out/block_96x128.h5 and $out/long_8192x128.h5 (layout: schemas/masks.v1.json)"
+echo "== kvcal mask-certify: every stored claim re-derived from the CSR"
+$kvcal mask-certify "$out/block_96x128.h5" "$out/long_8192x128.h5" "$out/lps_1092x1092.h5" "$out/random_1092x1092.h5"
+echo
+echo "Results in $out/: block_96x128.h5, long_8192x128.h5, lps_1092x1092.h5, random_1092x1092.h5"
+echo "(layout: schemas/masks.v1.json; list deterministic shapes with: $kvcal mask-gen --list-lps --max-rows 20000)"

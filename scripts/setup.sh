@@ -5,7 +5,7 @@ set -euo pipefail
 
 packages=(build-essential cmake ninja-build pkg-config
           libeigen3-dev libspectra-dev libboost-graph-dev libhdf5-dev hdf5-tools
-          libcli11-dev libfmt-dev libgtest-dev libbenchmark-dev time)
+          libcli11-dev libfmt-dev libgtest-dev libbenchmark-dev time bc)
 
 missing=()
 for p in "${packages[@]}"; do
