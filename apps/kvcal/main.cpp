@@ -16,6 +16,7 @@ namespace {
 constexpr const char* kFooter = R"(Examples:
   kvcal mask-gen --rows 4096 --cols 128 --sparsity 0.03125 --out masks.h5
   kvcal mask-certify masks.h5
+  kvcal profile-heads dump.h5 --topk-frac 0.1 --out heads.h5
   kvcal mask-gen --config recipe.toml      (options from a TOML file, section [mask-gen])
 
 Exit status: 0 success, 1 failure (bad input, I/O, a false claim), 2 usage error.
@@ -47,6 +48,7 @@ int main(int argc, char** argv) {
   };
   add(&cli::add_mask_gen);
   add(&cli::add_mask_certify);
+  add(&cli::add_profile_heads);
 
   std::string which = "kvcal";
   try {

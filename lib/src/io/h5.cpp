@@ -3,6 +3,10 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <cstring>
+#include <type_traits>
+
+#include <fmt/ranges.h>
 #include <chrono>
 #include <ctime>
 #include <filesystem>
@@ -265,6 +269,184 @@ std::vector<std::int32_t> read_int32_1d(hid_t loc, const std::string& name, cons
                                         std::int64_t max_elements) {
   return read_1d<std::int32_t>(loc, name, context, max_elements, H5T_NATIVE_INT32);
 }
+
+std::int64_t DatasetInfo::elements() const {
+  std::int64_t n = 1;
+  for (auto d : dims) n *= d;
+  return n;
+}
+
+H5Handle open_dataset(hid_t loc, const std::string& name, const std::string& context) {
+  KVCAL_CHECK(has_link(loc, name), "{}: missing dataset '{}'", context, name);
+  H5Handle obj(H5Oopen(loc, name.c_str(), H5P_DEFAULT), H5Oclose);
+  KVCAL_CHECK(obj.valid() && H5Iget_type(obj.get()) == H5I_DATASET, "{}: '{}' is not a dataset", context, name);
+  return obj;
+}
+
+DatasetInfo dataset_info(hid_t dataset) {
+  DatasetInfo info;
+  H5Handle type(H5Dget_type(dataset), H5Tclose);
+  info.type_class = H5Tget_class(type.get());
+  if (info.type_class == H5T_FLOAT) {
+    const std::size_t size = H5Tget_size(type.get());
+    std::size_t spos = 0, epos = 0, esize = 0, mpos = 0, msize = 0;
+    H5Tget_fields(type.get(), &spos, &epos, &esize, &mpos, &msize);
+    const bool little = H5Tget_order(type.get()) == H5T_ORDER_LE;
+    if (size == 2 && little && spos == 15 && epos == 10 && esize == 5 && mpos == 0 && msize == 10 &&
+        H5Tget_ebias(type.get()) == 15) {
+      info.float_kind = FloatKind::f16;
+    } else if (H5Tequal(type.get(), H5T_IEEE_F32LE) > 0 || H5Tequal(type.get(), H5T_IEEE_F32BE) > 0) {
+      info.float_kind = FloatKind::f32;
+    } else if (H5Tequal(type.get(), H5T_IEEE_F64LE) > 0 || H5Tequal(type.get(), H5T_IEEE_F64BE) > 0) {
+      info.float_kind = FloatKind::f64;
+    }
+  }
+  H5Handle space(H5Dget_space(dataset), H5Sclose);
+  const int rank = H5Sget_simple_extent_ndims(space.get());
+  if (rank > 0 && rank <= 8) {
+    hsize_t dims[8];
+    H5Sget_simple_extent_dims(space.get(), dims, nullptr);
+    for (int i = 0; i < rank; ++i) info.dims.push_back(static_cast<std::int64_t>(dims[i]));
+  }
+  return info;
+}
+
+namespace {
+
+// IEEE binary16 -> binary32, exact for every input (subnormals, inf, NaN).
+inline float half_to_float(std::uint16_t h) {
+  const std::uint32_t sign = static_cast<std::uint32_t>(h & 0x8000u) << 16;
+  const std::uint32_t exp = (h >> 10) & 0x1fu;
+  const std::uint32_t man = h & 0x3ffu;
+  std::uint32_t bits;
+  if (exp == 0) {
+    if (man == 0) {
+      bits = sign;
+    } else {  // subnormal: value = man * 2^-24, exactly representable in float
+      float f = static_cast<float>(man) * 5.9604644775390625e-8f;
+      std::memcpy(&bits, &f, 4);
+      bits |= sign;
+    }
+  } else if (exp == 31) {
+    bits = sign | 0x7f800000u | (man << 13);
+  } else {
+    bits = sign | ((exp + 112) << 23) | (man << 13);
+  }
+  float out;
+  std::memcpy(&out, &bits, 4);
+  return out;
+}
+
+H5Handle select_block(hid_t dataset, const std::vector<std::int64_t>& start, const std::vector<std::int64_t>& count,
+                      H5Handle& mem_space, const std::string& context) {
+  H5Handle space(H5Dget_space(dataset), H5Sclose);
+  const int rank = H5Sget_simple_extent_ndims(space.get());
+  KVCAL_CHECK(rank == static_cast<int>(start.size()) && start.size() == count.size(), "{}: rank mismatch", context);
+  std::vector<hsize_t> st(start.begin(), start.end()), ct(count.begin(), count.end());
+  KVCAL_CHECK(H5Sselect_hyperslab(space.get(), H5S_SELECT_SET, st.data(), nullptr, ct.data(), nullptr) >= 0,
+              "{}: bad selection", context);
+  hsize_t total = 1;
+  for (auto c : ct) total *= c;
+  mem_space = H5Handle(H5Screate_simple(1, &total, nullptr), H5Sclose);
+  return space;
+}
+
+}  // namespace
+
+void read_float_block(hid_t dataset, const std::vector<std::int64_t>& start, const std::vector<std::int64_t>& count,
+                      float* out, const std::string& context) {
+  const DatasetInfo info = dataset_info(dataset);
+  std::int64_t total = 1;
+  for (auto c : count) total *= c;
+  H5Handle mem_space;
+  H5Handle file_space = select_block(dataset, start, count, mem_space, context);
+  if (total == 0) return;
+  herr_t status = -1;
+  if (info.float_kind == FloatKind::f16) {
+    // Raw 16-bit read (no HDF5 conversion), then an exact conversion here.
+    std::vector<std::uint16_t> raw(static_cast<std::size_t>(total));
+    H5Handle type(H5Dget_type(dataset), H5Tclose);
+    status = H5Dread(dataset, type.get(), mem_space.get(), file_space.get(), H5P_DEFAULT, raw.data());
+    if (status >= 0) {
+      for (std::int64_t i = 0; i < total; ++i) out[i] = half_to_float(raw[i]);
+    }
+  } else if (info.float_kind == FloatKind::f32 || info.float_kind == FloatKind::f64) {
+    status = H5Dread(dataset, H5T_NATIVE_FLOAT, mem_space.get(), file_space.get(), H5P_DEFAULT, out);
+  } else {
+    fail("{}: must be float16, float32 or float64", context);
+  }
+  KVCAL_CHECK(status >= 0, "{}: cannot read (file truncated or corrupted?)", context);
+}
+
+namespace {
+template <typename T>
+void write_nd(hid_t loc, const std::string& name, const std::vector<std::int64_t>& dims, const T* data,
+              hid_t mem_type, hid_t file_type, const std::vector<std::int64_t>& chunk) {
+  std::vector<hsize_t> d(dims.begin(), dims.end());
+  H5Handle space(H5Screate_simple(static_cast<int>(d.size()), d.data(), nullptr), H5Sclose);
+  H5Handle dcpl(H5Pcreate(H5P_DATASET_CREATE), H5Pclose);
+  if (!chunk.empty()) {
+    std::vector<hsize_t> c(chunk.begin(), chunk.end());
+    H5Pset_chunk(dcpl.get(), static_cast<int>(c.size()), c.data());
+    H5Pset_shuffle(dcpl.get());
+    H5Pset_deflate(dcpl.get(), 4);
+  }
+  H5Handle ds(H5Dcreate2(loc, name.c_str(), file_type, space.get(), H5P_DEFAULT, dcpl.get(), H5P_DEFAULT), H5Dclose);
+  KVCAL_CHECK(ds.valid(), "cannot create dataset '{}'", name);
+  std::int64_t total = 1;
+  for (auto x : dims) total *= x;
+  if (total > 0) {
+    KVCAL_CHECK(H5Dwrite(ds.get(), mem_type, H5S_ALL, H5S_ALL, H5P_DEFAULT, data) >= 0,
+                "cannot write dataset '{}' (disk full?)", name);
+  }
+}
+}  // namespace
+
+void write_dataset(hid_t loc, const std::string& name, const std::vector<std::int64_t>& dims, const float* data,
+                   const std::vector<std::int64_t>& chunk) {
+  write_nd(loc, name, dims, data, H5T_NATIVE_FLOAT, H5T_IEEE_F32LE, chunk);
+}
+void write_dataset(hid_t loc, const std::string& name, const std::vector<std::int64_t>& dims,
+                   const std::int8_t* data) {
+  write_nd(loc, name, dims, data, H5T_NATIVE_INT8, H5T_STD_I8LE, {});
+}
+void write_dataset(hid_t loc, const std::string& name, const std::vector<std::int64_t>& dims,
+                   const std::int32_t* data) {
+  write_nd(loc, name, dims, data, H5T_NATIVE_INT32, H5T_STD_I32LE, {});
+}
+void write_dataset(hid_t loc, const std::string& name, const std::vector<std::int64_t>& dims, const double* data) {
+  write_nd(loc, name, dims, data, H5T_NATIVE_DOUBLE, H5T_IEEE_F64LE, {});
+}
+
+template <typename T>
+std::vector<T> read_dataset(hid_t loc, const std::string& name, const std::vector<std::int64_t>& dims,
+                            const std::string& context) {
+  H5Handle ds = open_dataset(loc, name, context);
+  const DatasetInfo info = dataset_info(ds.get());
+  KVCAL_CHECK(info.type_class == H5T_INTEGER || info.type_class == H5T_FLOAT, "{}: '{}' must be numeric", context,
+              name);
+  KVCAL_CHECK(info.dims == dims, "{}: '{}' has shape [{}], expected [{}]", context, name,
+              fmt::join(info.dims, ", "), fmt::join(dims, ", "));
+  hid_t mem;
+  if constexpr (std::is_same_v<T, float>) mem = H5T_NATIVE_FLOAT;
+  else if constexpr (std::is_same_v<T, double>) mem = H5T_NATIVE_DOUBLE;
+  else if constexpr (std::is_same_v<T, std::int8_t>) mem = H5T_NATIVE_INT8;
+  else mem = H5T_NATIVE_INT32;
+  std::vector<T> out(static_cast<std::size_t>(info.elements()));
+  if (!out.empty()) {
+    KVCAL_CHECK(H5Dread(ds.get(), mem, H5S_ALL, H5S_ALL, H5P_DEFAULT, out.data()) >= 0,
+                "{}: cannot read '{}' (file truncated or corrupted?)", context, name);
+  }
+  return out;
+}
+template std::vector<float> read_dataset<float>(hid_t, const std::string&, const std::vector<std::int64_t>&,
+                                                const std::string&);
+template std::vector<double> read_dataset<double>(hid_t, const std::string&, const std::vector<std::int64_t>&,
+                                                  const std::string&);
+template std::vector<std::int8_t> read_dataset<std::int8_t>(hid_t, const std::string&,
+                                                            const std::vector<std::int64_t>&, const std::string&);
+template std::vector<std::int32_t> read_dataset<std::int32_t>(hid_t, const std::string&,
+                                                              const std::vector<std::int64_t>&, const std::string&);
 
 void write_provenance(hid_t file, const std::string& format, std::int64_t format_version,
                       const std::string& command_line) {

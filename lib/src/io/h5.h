@@ -81,6 +81,42 @@ std::vector<std::int64_t> read_int64_1d(hid_t loc, const std::string& name, cons
 std::vector<std::int32_t> read_int32_1d(hid_t loc, const std::string& name, const std::string& context,
                                         std::int64_t max_elements);
 
+// Element type of a floating-point dataset.
+enum class FloatKind { f16, f32, f64, other };
+
+struct DatasetInfo {
+  H5T_class_t type_class = H5T_NO_CLASS;
+  FloatKind float_kind = FloatKind::other;  // for H5T_FLOAT
+  std::vector<std::int64_t> dims;
+  std::int64_t elements() const;
+};
+
+// Opens dataset `name` (error naming `context` when missing or not a dataset).
+H5Handle open_dataset(hid_t loc, const std::string& name, const std::string& context);
+DatasetInfo dataset_info(hid_t dataset);
+
+// Reads the hyperslab [start, start + count) of a float16, float32 or float64
+// dataset into `out` (row-major, count's product elements) as float. float16
+// is read raw and converted here (IEEE binary16), which HDF5 would otherwise
+// do slowly in software.
+void read_float_block(hid_t dataset, const std::vector<std::int64_t>& start, const std::vector<std::int64_t>& count,
+                      float* out, const std::string& context);
+
+// N-d datasets, optionally chunked and compressed (chunk empty: contiguous).
+void write_dataset(hid_t loc, const std::string& name, const std::vector<std::int64_t>& dims, const float* data,
+                   const std::vector<std::int64_t>& chunk = {});
+void write_dataset(hid_t loc, const std::string& name, const std::vector<std::int64_t>& dims,
+                   const std::int8_t* data);
+void write_dataset(hid_t loc, const std::string& name, const std::vector<std::int64_t>& dims,
+                   const std::int32_t* data);
+void write_dataset(hid_t loc, const std::string& name, const std::vector<std::int64_t>& dims,
+                   const double* data);
+// Reads a whole dataset of exactly `dims` elements converted to T (float,
+// double, int8 or int32 memory types; HDF5 converts between numeric types).
+template <typename T>
+std::vector<T> read_dataset(hid_t loc, const std::string& name, const std::vector<std::int64_t>& dims,
+                            const std::string& context);
+
 // Provenance attributes every artifact carries at its root.
 void write_provenance(hid_t file, const std::string& format, std::int64_t format_version,
                       const std::string& command_line);
