@@ -91,7 +91,8 @@ Runner add_profile_heads(CLI::App& app) {
   sub->add_option("dumps", o->dumps, "kvcal.attention_dump HDF5 files (scripts/record_attention.py)")->required();
   sub->add_option("--out", o->out, "Output head profile (HDF5, written atomically)");
   sub->add_option("--tau-stable", o->tau_stable, "Stability threshold: anchor vs volatile")->capture_default_str();
-  sub->add_option("--tau-sim", o->tau_sim, "Pairwise-overlap threshold for the similarity graph")->capture_default_str();
+  sub->add_option("--tau-sim", o->tau_sim, "Pairwise-overlap threshold for the similarity graph")
+      ->capture_default_str();
   sub->add_option("--tau-drift", o->tau_drift, "Drift threshold stored for the runtime (default: --tau-stable)");
   sub->add_option("--topk", o->topk, "Top-k positions per row (clipped to the row)")->capture_default_str();
   sub->add_option("--topk-frac", o->topk_frac, "Top-k as a fraction of the row length, instead of --topk");

@@ -8,6 +8,8 @@
 //                (exit 1, verdict "FALSE CLAIMS"); written with kvcal's own
 //                writer from hand-edited CSR masks and certificates.
 //   good.h5      a valid file written the same way, as a control.
+//   dump_good.h5 a planted attention dump (float16) for `kvcal profile-heads`;
+//   dump_*.h5    attention dumps it must refuse (one stderr line, exit 1).
 #include <hdf5.h>
 
 #include <cmath>
@@ -24,6 +26,7 @@
 #include "kvcal/graph/generate.h"
 #include "kvcal/io/masks.h"
 #include "kvcal/spectral/certify.h"
+#include "synthetic_dump.h"
 
 namespace {
 
@@ -233,6 +236,26 @@ void write_defects(const MaskRecord& good, const MaskRecord& not_ramanujan) {
 
 }  // namespace
 
+void write_dumps() {
+  namespace t = kvcal::test;
+  auto dump = [](const std::string& name, const std::function<void(t::SyntheticSample&)>& edit,
+                 const std::function<void(hid_t)>& tamper = {}) {
+    t::SyntheticSample s = t::planted_sample("sample_0");
+    if (edit) edit(s);
+    t::write_dump(g_dir + "/" + name, 2, 8, 4, {s, t::planted_sample("sample_1")}, true, tamper);
+    wrote(name);
+  };
+  dump("dump_good.h5", {});
+  dump("dump_nan.h5", [](t::SyntheticSample& s) { s.decode[7] = std::nanf(""); });
+  dump("dump_negative.h5", [](t::SyntheticSample& s) { s.prefill[2] = -0.25f; });
+  dump("dump_unnormalized.h5", [](t::SyntheticSample& s) { s.prefill[1] += 0.5f; });
+  dump("dump_padding.h5", [](t::SyntheticSample& s) { s.decode[162] = 0.01f; });
+  dump("dump_layers.h5", {}, [](hid_t f) { d::write_attr(f, "num_layers", std::int64_t{5}); });
+  dump("dump_missing.h5", {}, [](hid_t f) { H5Ldelete(f, "/samples/sample_0/decode", H5P_DEFAULT); });
+  dump("dump_noattr.h5", {}, [](hid_t f) { H5Adelete(f, "num_q_heads"); });
+  dump("dump_format.h5", {}, [](hid_t f) { d::write_attr(f, "format", std::string("kvcal.masks")); });
+}
+
 int main(int argc, char** argv) {
   if (argc != 2) {
     std::fprintf(stderr, "usage: kvcal_make_fixtures <dir>\n");
@@ -245,6 +268,7 @@ int main(int argc, char** argv) {
     const MaskRecord not_ramanujan = certified_mask(96, 128, 4, kvcal::MaskMethod::lift, false);
     write_bad_files(good);
     write_defects(good, not_ramanujan);
+    write_dumps();
   } catch (const std::exception& e) {
     std::fprintf(stderr, "kvcal_make_fixtures: %s\n", e.what());
     return 1;

@@ -458,6 +458,60 @@ case_lps_errors() {
   expect_empty_dir .
 }
 
+case_profile_heads() {
+  make_fixtures
+  fresh_dir prof
+  # The planted dump: layer 0 = pivot 0 + satellites 1, 2 + anchor 3; layer 1 = pivot 0 + satellite 1,
+  # volatile 2, anchor 3 (see tests/unit/synthetic_dump.h).
+  expect_exit 0 kvcal profile-heads "$FX/dump_good.h5" --pool 1 --topk 8 --budget 0.5 --out heads.h5
+  expect_file heads.h5
+  grep -qE '^ +0 +1 +0 +1 +2 ' "$OUT" || fail_last "layer 0 should be 1 anchor, 0 volatile, 1 pivot, 2 satellites"
+  grep -qE '^ +1 +1 +1 +1 +1 ' "$OUT" || fail_last "layer 1 should be 1 anchor, 1 volatile, 1 pivot, 1 satellite"
+  grep -qE '^ +all +2 +1 +2 +3 +0\.500$' "$OUT" || fail_last "overall counts or mean budget 0.500 missing"
+  if command -v h5dump >/dev/null; then
+    h5dump -a format heads.h5 | grep -q '"kvcal.head_profile"' || fail "heads.h5 has no format attribute"
+    h5dump -d /heads/role heads.h5 | grep -qE '3, 4, 4, 1,' || fail "role codes of layer 0 are not 3, 4, 4, 1"
+  fi
+  # A budget below the full heads' share: one line naming the smallest feasible budget
+  # (-q: the per-sample progress lines of a long run would come first otherwise).
+  fresh_dir prof_budget
+  expect_clean_failure kvcal -q profile-heads "$FX/dump_good.h5" --pool 1 --topk 8 --budget 0.3 --out h.h5
+  expect_stderr_has "0.3750"
+  expect_empty_dir .
+  # topk covering whole rows: a warning, still a result.
+  fresh_dir prof_warn
+  expect_exit 0 kvcal profile-heads "$FX/dump_good.h5" --out h.h5
+  expect_stderr_has "covers whole rows"
+  expect_no_temp_files .
+}
+
+case_profile_heads_bad_input() {
+  make_fixtures
+  local f
+  for f in dump_nan dump_negative dump_unnormalized dump_padding dump_layers dump_missing dump_noattr dump_format; do
+    fresh_dir "$f"
+    expect_clean_failure kvcal -q profile-heads "$FX/$f.h5" --topk 8 --out h.h5
+    expect_empty_dir .
+  done
+  fresh_dir prof_nan
+  run kvcal profile-heads "$FX/dump_nan.h5" --topk 8 --out h.h5
+  expect_stderr_has "sample 'sample_0'"
+  expect_stderr_has "dataset 'decode'"
+  fresh_dir prof_cut
+  head -c 20000 "$FX/dump_good.h5" > cut.h5
+  expect_clean_failure kvcal -q profile-heads cut.h5 --topk 8 --out h.h5
+  expect_no_file h.h5
+  fresh_dir prof_params
+  local bad
+  for bad in "--budget 0" "--budget 1.5" "--tau-stable 2" "--pool 0" "--topk 0" "--topk-frac 3" "--gqa median"; do
+    # shellcheck disable=SC2086
+    expect_clean_failure kvcal -q profile-heads "$FX/dump_good.h5" $bad --out h.h5
+    expect_empty_dir .
+  done
+  expect_clean_failure kvcal profile-heads "$FX/dump_good.h5"
+  expect_clean_failure kvcal profile-heads --out h.h5
+}
+
 # ---------------------------------------------------------------------------
 
 if ! declare -F "case_$CASE" >/dev/null; then

@@ -61,14 +61,54 @@ inline void write_dump(const std::string& path, std::int64_t layers, std::int64_
                           H5Dclose);
       H5Dwrite(ds.get(), H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, data.data());
     };
-    put("prefill", {static_cast<hsize_t>(layers), static_cast<hsize_t>(s.heads), static_cast<hsize_t>(s.n)},
-        s.prefill);
+    put("prefill", {static_cast<hsize_t>(layers), static_cast<hsize_t>(s.heads), static_cast<hsize_t>(s.n)}, s.prefill);
     put("decode",
         {static_cast<hsize_t>(s.steps), static_cast<hsize_t>(layers), static_cast<hsize_t>(s.heads),
          static_cast<hsize_t>(s.n + s.steps)},
         s.decode);
   }
   if (tamper) tamper(f.get());
+}
+
+// The planted dump: 2 layers, 8 query heads in 4 KV groups, N = 160, T = 3.
+// Peak sets: group g of a layer uses positions [10 g, 10 g + 8); a shifting
+// head moves them by 40 (t + 1) at step t, away from every prefill set.
+struct Kind {
+  int group;
+  bool stable;
+};
+inline const std::vector<std::vector<Kind>> kPlanted = {
+    {{0, true}, {0, true}, {0, true}, {1, true}},     // layer 0: pivot 0 + satellites 1, 2; anchor 3
+    {{0, false}, {0, false}, {1, false}, {2, true}},  // layer 1: pivot 0 + satellite 1; volatile 2; anchor 3
+};
+
+inline SyntheticSample planted_sample(const std::string& name, std::int64_t hq = 8) {
+  const std::int64_t L = 2, hkv = 4, n = 160, T = 3, width = n + T, group = hq / hkv;
+  SyntheticSample s;
+  s.name = name;
+  s.n = n;
+  s.steps = T;
+  s.heads = hq;
+  s.prefill.resize(static_cast<std::size_t>(L * hq * n));
+  s.decode.assign(static_cast<std::size_t>(T * L * hq * width), 0.0f);
+  for (std::int64_t l = 0; l < L; ++l) {
+    for (std::int64_t q = 0; q < hq; ++q) {
+      const Kind k = kPlanted[l][q / group];
+      std::vector<std::int64_t> peaks;
+      for (int j = 0; j < 8; ++j) peaks.push_back(10 * k.group + j);
+      const auto pre = peaked_row(n, n, peaks);
+      std::copy(pre.begin(), pre.end(), s.prefill.begin() + (l * hq + q) * n);
+      for (std::int64_t t = 0; t < T; ++t) {
+        std::vector<std::int64_t> now = peaks;
+        if (!k.stable) {
+          for (auto& p : now) p = (p + 40 * (t + 1)) % n;
+        }
+        const auto row = peaked_row(n + t + 1, width, now);
+        std::copy(row.begin(), row.end(), s.decode.begin() + ((t * L + l) * hq + q) * width);
+      }
+    }
+  }
+  return s;
 }
 
 }  // namespace kvcal::test

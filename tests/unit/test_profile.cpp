@@ -1,8 +1,8 @@
 #include <gtest/gtest.h>
 
+#include <unistd.h>
 #include <filesystem>
 #include <limits>
-#include <unistd.h>
 #include <numeric>
 
 #include "kvcal/core/error.h"
@@ -155,53 +155,13 @@ TEST(Budgets, InverseStabilityAndEdgeCases) {
   EXPECT_THROW(allocate_budgets(roles, {1, 1, 1, 1}, {1.5, 1e-3}), Error);
 }
 
-// The planted dump: 2 layers, 8 query heads in 4 KV groups, N = 160, T = 3.
-// Peak sets: group g of a layer uses positions [10 g, 10 g + 8); a shifting
-// head moves them by 40 (t + 1) at step t, away from every prefill set.
-struct Kind {
-  int group;
-  bool stable;
-};
-const std::vector<std::vector<Kind>> kPlanted = {
-    {{0, true}, {0, true}, {0, true}, {1, true}},     // layer 0: pivot 0 + satellites 1, 2; anchor 3
-    {{0, false}, {0, false}, {1, false}, {2, true}},  // layer 1: pivot 0 + satellite 1; volatile 2; anchor 3
-};
-
-test::SyntheticSample planted_sample(const std::string& name, std::int64_t hq = 8) {
-  const std::int64_t L = 2, hkv = 4, n = 160, T = 3, width = n + T, group = hq / hkv;
-  test::SyntheticSample s;
-  s.name = name;
-  s.n = n;
-  s.steps = T;
-  s.heads = hq;
-  s.prefill.resize(static_cast<std::size_t>(L * hq * n));
-  s.decode.assign(static_cast<std::size_t>(T * L * hq * width), 0.0f);
-  for (std::int64_t l = 0; l < L; ++l) {
-    for (std::int64_t q = 0; q < hq; ++q) {
-      const Kind k = kPlanted[l][q / group];
-      std::vector<std::int64_t> peaks;
-      for (int j = 0; j < 8; ++j) peaks.push_back(10 * k.group + j);
-      const auto pre = test::peaked_row(n, n, peaks);
-      std::copy(pre.begin(), pre.end(), s.prefill.begin() + (l * hq + q) * n);
-      for (std::int64_t t = 0; t < T; ++t) {
-        std::vector<std::int64_t> now = peaks;
-        if (!k.stable) {
-          for (auto& p : now) p = (p + 40 * (t + 1)) % n;
-        }
-        const auto row = test::peaked_row(n + t + 1, width, now);
-        std::copy(row.begin(), row.end(), s.decode.begin() + ((t * L + l) * hq + q) * width);
-      }
-    }
-  }
-  return s;
-}
+using test::planted_sample;
 
 class ProfileFiles : public ::testing::Test {
  protected:
   void SetUp() override {
-    dir_ = fs::temp_directory_path() /
-           ("kvcal_prof_" + std::to_string(::getpid()) + "_" +
-            ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    dir_ = fs::temp_directory_path() / ("kvcal_prof_" + std::to_string(::getpid()) + "_" +
+                                        ::testing::UnitTest::GetInstance()->current_test_info()->name());
     fs::create_directories(dir_);
   }
   void TearDown() override { fs::remove_all(dir_); }
@@ -219,7 +179,7 @@ HeadProfileOptions planted_options() {
 
 void expect_planted_roles(const HeadProfile& p) {
   using R = HeadRole;
-  const std::vector<R> want = {R::pivot, R::satellite, R::satellite, R::anchor,
+  const std::vector<R> want = {R::pivot, R::satellite, R::satellite,     R::anchor,
                                R::pivot, R::satellite, R::volatile_head, R::anchor};
   const std::vector<std::int32_t> pivots = {0, 0, 0, -1, 0, 0, -1, -1};
   ASSERT_EQ(p.role.size(), 8u);
@@ -330,12 +290,11 @@ TEST_F(ProfileFiles, WrongShapesAndAttributes) {
   test::write_dump(path("h.h5"), 2, 6, 3, {planted_sample("s")});
   expect_error(path("h.h5"), "heads");
   // A missing dataset.
-  test::write_dump(path("m.h5"), 2, 8, 4, {planted_sample("s")},
-                   false, [](hid_t f) { H5Ldelete(f, "/samples/s/decode", H5P_DEFAULT); });
+  test::write_dump(path("m.h5"), 2, 8, 4, {planted_sample("s")}, false,
+                   [](hid_t f) { H5Ldelete(f, "/samples/s/decode", H5P_DEFAULT); });
   expect_error(path("m.h5"), "decode");
   // A missing root attribute.
-  test::write_dump(path("a.h5"), 2, 8, 4, {planted_sample("s")}, false,
-                   [](hid_t f) { H5Adelete(f, "num_kv_heads"); });
+  test::write_dump(path("a.h5"), 2, 8, 4, {planted_sample("s")}, false, [](hid_t f) { H5Adelete(f, "num_kv_heads"); });
   expect_error(path("a.h5"), "num_kv_heads");
   // Truncated.
   test::write_dump(path("t.h5"), 2, 8, 4, {planted_sample("s")});

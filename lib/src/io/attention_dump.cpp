@@ -31,8 +31,8 @@ AttentionDump::AttentionDump(const std::string& path) : impl_(std::make_unique<I
     DumpSample s;
     s.name = name;
     s.prompt_len = detail::read_attr_int(g.get(), "prompt_len", ctx);
-    KVCAL_CHECK(s.prompt_len >= 1 && s.prompt_len < (std::int64_t{1} << 31), "{}: prompt_len = {} is out of range",
-                ctx, s.prompt_len);
+    KVCAL_CHECK(s.prompt_len >= 1 && s.prompt_len < (std::int64_t{1} << 31), "{}: prompt_len = {} is out of range", ctx,
+                s.prompt_len);
     for (const char* ds_name : {"prefill", "decode"}) {
       H5Handle ds = detail::open_dataset(g.get(), ds_name, ctx);
       const detail::DatasetInfo info = detail::dataset_info(ds.get());
@@ -43,8 +43,7 @@ AttentionDump::AttentionDump(const std::string& path) : impl_(std::make_unique<I
         KVCAL_CHECK(info.dims.size() == 3, "{}: must be [L, H, N], has rank {}", dctx, info.dims.size());
         s.heads = info.dims[1];
         KVCAL_CHECK(info.dims[0] == layers_, "{}: {} layers, but num_layers = {}", dctx, info.dims[0], layers_);
-        KVCAL_CHECK(info.dims[2] == s.prompt_len, "{}: {} keys, but prompt_len = {}", dctx, info.dims[2],
-                    s.prompt_len);
+        KVCAL_CHECK(info.dims[2] == s.prompt_len, "{}: {} keys, but prompt_len = {}", dctx, info.dims[2], s.prompt_len);
       } else {
         KVCAL_CHECK(info.dims.size() == 4, "{}: must be [T, L, H, N+T], has rank {}", dctx, info.dims.size());
         s.steps = info.dims[0];
@@ -83,16 +82,15 @@ void check_rows(const float* data, std::int64_t rows, std::int64_t width, std::i
     KVCAL_CHECK(std::abs(sum - 1.0) <= tol, "{}: {}: row sums to {:.6f}, not 1 (not softmax probabilities?)", ctx,
                 where(r), sum);
     for (std::int64_t i = valid; i < width; ++i) {
-      KVCAL_CHECK(row[i] == 0, "{}: {}: padding position {} holds {} (positions after N+t must be 0)", ctx, where(r),
-                  i, row[i]);
+      KVCAL_CHECK(row[i] == 0, "{}: {}: padding position {} holds {} (positions after N+t must be 0)", ctx, where(r), i,
+                  row[i]);
     }
   }
 }
 
 }  // namespace
 
-LayerAttention AttentionDump::read_layer(const DumpSample& s, std::int64_t layer, GqaReduce gqa,
-                                         double tol) const {
+LayerAttention AttentionDump::read_layer(const DumpSample& s, std::int64_t layer, GqaReduce gqa, double tol) const {
   KVCAL_CHECK(layer >= 0 && layer < layers_, "layer {} out of range", layer);
   const std::string ctx = fmt::format("{}: sample '{}'", path_, s.name);
   H5Handle g(H5Gopen2(impl_->file.get(), ("samples/" + s.name).c_str(), H5P_DEFAULT), H5Gclose);

@@ -380,8 +380,8 @@ void read_float_block(hid_t dataset, const std::vector<std::int64_t>& start, con
 
 namespace {
 template <typename T>
-void write_nd(hid_t loc, const std::string& name, const std::vector<std::int64_t>& dims, const T* data,
-              hid_t mem_type, hid_t file_type, const std::vector<std::int64_t>& chunk) {
+void write_nd(hid_t loc, const std::string& name, const std::vector<std::int64_t>& dims, const T* data, hid_t mem_type,
+              hid_t file_type, const std::vector<std::int64_t>& chunk) {
   std::vector<hsize_t> d(dims.begin(), dims.end());
   H5Handle space(H5Screate_simple(static_cast<int>(d.size()), d.data(), nullptr), H5Sclose);
   H5Handle dcpl(H5Pcreate(H5P_DATASET_CREATE), H5Pclose);
@@ -406,8 +406,7 @@ void write_dataset(hid_t loc, const std::string& name, const std::vector<std::in
                    const std::vector<std::int64_t>& chunk) {
   write_nd(loc, name, dims, data, H5T_NATIVE_FLOAT, H5T_IEEE_F32LE, chunk);
 }
-void write_dataset(hid_t loc, const std::string& name, const std::vector<std::int64_t>& dims,
-                   const std::int8_t* data) {
+void write_dataset(hid_t loc, const std::string& name, const std::vector<std::int64_t>& dims, const std::int8_t* data) {
   write_nd(loc, name, dims, data, H5T_NATIVE_INT8, H5T_STD_I8LE, {});
 }
 void write_dataset(hid_t loc, const std::string& name, const std::vector<std::int64_t>& dims,
@@ -425,13 +424,17 @@ std::vector<T> read_dataset(hid_t loc, const std::string& name, const std::vecto
   const DatasetInfo info = dataset_info(ds.get());
   KVCAL_CHECK(info.type_class == H5T_INTEGER || info.type_class == H5T_FLOAT, "{}: '{}' must be numeric", context,
               name);
-  KVCAL_CHECK(info.dims == dims, "{}: '{}' has shape [{}], expected [{}]", context, name,
-              fmt::join(info.dims, ", "), fmt::join(dims, ", "));
+  KVCAL_CHECK(info.dims == dims, "{}: '{}' has shape [{}], expected [{}]", context, name, fmt::join(info.dims, ", "),
+              fmt::join(dims, ", "));
   hid_t mem;
-  if constexpr (std::is_same_v<T, float>) mem = H5T_NATIVE_FLOAT;
-  else if constexpr (std::is_same_v<T, double>) mem = H5T_NATIVE_DOUBLE;
-  else if constexpr (std::is_same_v<T, std::int8_t>) mem = H5T_NATIVE_INT8;
-  else mem = H5T_NATIVE_INT32;
+  if constexpr (std::is_same_v<T, float>)
+    mem = H5T_NATIVE_FLOAT;
+  else if constexpr (std::is_same_v<T, double>)
+    mem = H5T_NATIVE_DOUBLE;
+  else if constexpr (std::is_same_v<T, std::int8_t>)
+    mem = H5T_NATIVE_INT8;
+  else
+    mem = H5T_NATIVE_INT32;
   std::vector<T> out(static_cast<std::size_t>(info.elements()));
   if (!out.empty()) {
     KVCAL_CHECK(H5Dread(ds.get(), mem, H5S_ALL, H5S_ALL, H5P_DEFAULT, out.data()) >= 0,
@@ -443,8 +446,8 @@ template std::vector<float> read_dataset<float>(hid_t, const std::string&, const
                                                 const std::string&);
 template std::vector<double> read_dataset<double>(hid_t, const std::string&, const std::vector<std::int64_t>&,
                                                   const std::string&);
-template std::vector<std::int8_t> read_dataset<std::int8_t>(hid_t, const std::string&,
-                                                            const std::vector<std::int64_t>&, const std::string&);
+template std::vector<std::int8_t> read_dataset<std::int8_t>(hid_t, const std::string&, const std::vector<std::int64_t>&,
+                                                            const std::string&);
 template std::vector<std::int32_t> read_dataset<std::int32_t>(hid_t, const std::string&,
                                                               const std::vector<std::int64_t>&, const std::string&);
 

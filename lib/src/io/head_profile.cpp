@@ -23,8 +23,8 @@ void classify_and_budget(HeadProfile& p) {
     const auto layer = [&](const std::vector<float>& v, std::int64_t width) {
       return std::vector<float>(v.begin() + l * width, v.begin() + (l + 1) * width);
     };
-    const LayerTaxonomy tax = classify_layer(layer(p.stability, H), layer(p.similarity, H),
-                                             layer(p.pairwise, H * H), H, p.options.taxonomy);
+    const LayerTaxonomy tax =
+        classify_layer(layer(p.stability, H), layer(p.similarity, H), layer(p.pairwise, H * H), H, p.options.taxonomy);
     for (std::int64_t h = 0; h < H; ++h) {
       roles[l * H + h] = tax.role[h];
       p.role[l * H + h] = static_cast<std::int8_t>(tax.role[h]);

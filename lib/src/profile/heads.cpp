@@ -29,10 +29,14 @@ TaxonomyOrder parse_taxonomy_order(const std::string& name) {
 
 const char* to_string(HeadRole r) {
   switch (r) {
-    case HeadRole::anchor: return "anchor";
-    case HeadRole::volatile_head: return "volatile";
-    case HeadRole::pivot: return "pivot";
-    case HeadRole::satellite: return "satellite";
+    case HeadRole::anchor:
+      return "anchor";
+    case HeadRole::volatile_head:
+      return "volatile";
+    case HeadRole::pivot:
+      return "pivot";
+    case HeadRole::satellite:
+      return "satellite";
   }
   return "unknown";
 }
@@ -61,9 +65,8 @@ void select_top(const float* v, std::int64_t len, std::int64_t k, std::vector<st
   idx.resize(static_cast<std::size_t>(len));
   std::iota(idx.begin(), idx.end(), 0);
   if (k >= len) return;
-  std::nth_element(idx.begin(), idx.begin() + k, idx.end(), [v](std::int32_t a, std::int32_t b) {
-    return v[a] > v[b] || (v[a] == v[b] && a < b);
-  });
+  std::nth_element(idx.begin(), idx.begin() + k, idx.end(),
+                   [v](std::int32_t a, std::int32_t b) { return v[a] > v[b] || (v[a] == v[b] && a < b); });
 }
 
 inline std::int64_t and_count(const std::uint64_t* a, const std::uint64_t* b, std::int64_t words) {
@@ -227,9 +230,7 @@ LayerTaxonomy classify_layer(const std::vector<float>& stability, const std::vec
               "classify_layer: sizes do not match {} heads", H);
   using Graph = boost::adjacency_list<boost::vecS, boost::vecS, boost::undirectedS>;
   Graph g(static_cast<std::size_t>(H));
-  auto eligible = [&](std::int64_t h) {
-    return opt.order == TaxonomyOrder::appendix || similarity[h] >= opt.tau_sim;
-  };
+  auto eligible = [&](std::int64_t h) { return opt.order == TaxonomyOrder::appendix || similarity[h] >= opt.tau_sim; };
   for (std::int64_t h = 0; h < H; ++h) {
     for (std::int64_t k = h + 1; k < H; ++k) {
       // An edge needs both directions of the (symmetric) pairwise overlap.

@@ -55,7 +55,7 @@ struct LayerAttention {
 
 // Per-layer overlap statistics of one sample.
 struct LayerOverlaps {
-  std::vector<float> stability;  // [heads] median_t O(K_t, K_prefill)
+  std::vector<float> stability;   // [heads] median_t O(K_t, K_prefill)
   std::vector<float> similarity;  // [heads] median_t max_{h' != h} O(K_t^h, K_t^h')
   std::vector<float> pairwise;    // [heads, heads] median_t O(K_t^h, K_t^h'); diagonal 1
 };
@@ -85,7 +85,7 @@ struct TaxonomyOptions {
 };
 
 struct LayerTaxonomy {
-  std::vector<HeadRole> role;    // [heads]
+  std::vector<HeadRole> role;       // [heads]
   std::vector<std::int32_t> pivot;  // [heads] pivot index for pivots/satellites, -1 otherwise
 };
 
@@ -99,8 +99,8 @@ LayerTaxonomy classify_layer(const std::vector<float>& stability, const std::vec
                              const std::vector<float>& pairwise, std::int64_t heads, const TaxonomyOptions& options);
 
 struct BudgetOptions {
-  double budget = 0.5;             // rho: mean cache ratio over all heads, in (0, 1]
-  double stability_floor = 1e-3;   // S_stable below this counts as this
+  double budget = 0.5;            // rho: mean cache ratio over all heads, in (0, 1]
+  double stability_floor = 1e-3;  // S_stable below this counts as this
 };
 
 // Budget ratios (of the context length) for all heads: 1 for full heads
