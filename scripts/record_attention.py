@@ -281,7 +281,7 @@ def token_stats(logits):
     import numpy as np
     m = logits.max(axis=1, keepdims=True)
     logz = m + np.log(np.exp(logits - m).sum(axis=1, keepdims=True))
-    logp = logits - logz
+    logp = np.minimum(logits - logz, 0.0)  # ln p <= 0; rounding can leave +1e-16 at the max
     p = np.exp(logp)
     ent = -(p * logp).sum(axis=1)
     var = (p * (logp + ent[:, None]) ** 2).sum(axis=1)
