@@ -1,6 +1,7 @@
 #include <gtest/gtest.h>
 
 #include <filesystem>
+#include <cmath>
 #include <fstream>
 
 #include <unistd.h>
@@ -124,6 +125,36 @@ TEST_F(IoTest, RejectsInconsistentShapes) {
     detail::write_attr(g.get(), "rows", std::int64_t{50});  // indptr has 97 entries
   }
   EXPECT_THROW(read_mask_file(path("m.h5")), Error);
+}
+
+}  // namespace
+}  // namespace kvcal
+
+namespace kvcal {
+namespace {
+
+TEST(HalfToFloat, EveryBinary16ValueExact) {
+  std::vector<std::uint16_t> all(65536 + 3);
+  for (std::size_t i = 0; i < all.size(); ++i) all[i] = static_cast<std::uint16_t>(i % 65536);
+  std::vector<float> out(all.size());
+  detail::halves_to_floats(all.data(), static_cast<std::int64_t>(all.size()), out.data());  // bulk + scalar tail
+  for (std::size_t i = 0; i < all.size(); ++i) {
+    const std::uint32_t h = all[i];
+    const double sign = (h & 0x8000) ? -1.0 : 1.0;
+    const int exp = static_cast<int>((h >> 10) & 0x1f);
+    const int man = static_cast<int>(h & 0x3ff);
+    if (exp == 31) {
+      if (man == 0) {
+        EXPECT_EQ(out[i], static_cast<float>(sign * INFINITY)) << h;
+      } else {
+        EXPECT_TRUE(std::isnan(out[i])) << h;
+      }
+      continue;
+    }
+    const double want = exp == 0 ? sign * std::ldexp(man, -24) : sign * std::ldexp(1024 + man, exp - 25);
+    EXPECT_EQ(out[i], static_cast<float>(want)) << "binary16 " << h;
+    EXPECT_EQ(std::signbit(out[i]), (h & 0x8000) != 0) << h;
+  }
 }
 
 }  // namespace

@@ -1,7 +1,11 @@
 #include "kvcal/io/attention_dump.h"
 
+#include <omp.h>
+
 #include <cmath>
 #include <functional>
+#include <limits>
+#include <utility>
 
 #include "io/h5.h"
 
@@ -90,42 +94,136 @@ void check_rows(const float* data, std::int64_t rows, std::int64_t width, std::i
 
 }  // namespace
 
-LayerAttention AttentionDump::read_layer(const DumpSample& s, std::int64_t layer, GqaReduce gqa, double tol) const {
+AttentionDump::RawLayer AttentionDump::read_raw_layer(const DumpSample& s, std::int64_t layer) const {
   KVCAL_CHECK(layer >= 0 && layer < layers_, "layer {} out of range", layer);
   const std::string ctx = fmt::format("{}: sample '{}'", path_, s.name);
   H5Handle g(H5Gopen2(impl_->file.get(), ("samples/" + s.name).c_str(), H5P_DEFAULT), H5Gclose);
   KVCAL_CHECK(g.valid(), "{}: cannot open the sample group", ctx);
   const std::int64_t H = s.heads, n = s.prompt_len, T = s.steps, width = n + T;
-
-  std::vector<float> prefill(static_cast<std::size_t>(H * n));
+  RawLayer raw;
+  raw.sample = &s;
+  raw.layer = layer;
   {
     H5Handle ds = detail::open_dataset(g.get(), "prefill", ctx);
-    const std::string dctx = ctx + ", dataset 'prefill'";
-    detail::read_float_block(ds.get(), {layer, 0, 0}, {1, H, n}, prefill.data(), dctx);
-    check_rows(prefill.data(), H, n, n, tol, dctx,
-               [layer](std::int64_t h) { return fmt::format("layer {}, head {}", layer, h); });
+    raw.prefill_half = detail::read_raw_float_block(ds.get(), {layer, 0, 0}, {1, H, n}, raw.prefill16, raw.prefill32,
+                                                    ctx + ", dataset 'prefill'");
   }
-  std::vector<float> decode(static_cast<std::size_t>(T * H * width));
   {
     // One layer's chunks are read once: a chunk cache large enough for them.
     H5Handle dapl(H5Pcreate(H5P_DATASET_ACCESS), H5Pclose);
     H5Pset_chunk_cache(dapl.get(), 10007, std::size_t{64} << 20, 1.0);
     H5Handle ds(H5Dopen2(g.get(), "decode", dapl.get()), H5Dclose);
-    const std::string dctx = ctx + ", dataset 'decode'";
-    KVCAL_CHECK(ds.valid(), "{}: cannot open", dctx);
-    detail::read_float_block(ds.get(), {0, layer, 0, 0}, {T, 1, H, width}, decode.data(), dctx);
-    for (std::int64_t t = 0; t < T; ++t) {
-      check_rows(decode.data() + t * H * width, H, width, n + t + 1, tol, dctx,
-                 [t, layer](std::int64_t h) { return fmt::format("step {}, layer {}, head {}", t, layer, h); });
+    KVCAL_CHECK(ds.valid(), "{}, dataset 'decode': cannot open", ctx);
+    raw.decode_half = detail::read_raw_float_block(ds.get(), {0, layer, 0, 0}, {T, 1, H, width}, raw.decode16,
+                                                   raw.decode32, ctx + ", dataset 'decode'");
+  }
+  return raw;
+}
+
+namespace {
+
+// Converts, validates and reduces `outer` blocks of H rows of `width` entries
+// (row (o, q) valid over its first valid(o) entries) into `outer` blocks of
+// hkv rows. Returns the first invalid row as (o, q), or (-1, -1).
+std::pair<std::int64_t, std::int64_t> decode_rows(const std::uint16_t* half, const float* single, std::int64_t outer,
+                                                  std::int64_t H, std::int64_t hkv, std::int64_t width,
+                                                  const std::function<std::int64_t(std::int64_t)>& valid, GqaReduce gqa,
+                                                  double tol, float* out, int threads) {
+  const std::int64_t group = H / hkv;
+  std::int64_t bad_o = -1, bad_q = -1;
+  const bool parallel = threads > 1 && outer * H * width > 200000;
+#pragma omp parallel num_threads(threads) if (parallel)
+  {
+    std::vector<float> row(static_cast<std::size_t>(width));
+#pragma omp for schedule(static)
+    for (std::int64_t og = 0; og < outer * hkv; ++og) {
+      const std::int64_t o = og / hkv, g = og % hkv, len = valid(o);
+      float* dst = out + og * width;
+      for (std::int64_t m = 0; m < group; ++m) {
+        const std::int64_t q = g * group + m;
+        const std::int64_t offset = (o * H + q) * width;
+        const float* src = single ? single + offset : row.data();
+        if (half) detail::halves_to_floats(half + offset, width, row.data());
+        // Fast check: every valid entry in [0, FLT_MAX] (NaN fails), the sum,
+        // and zero padding; the exact message comes from check_rows later.
+        bool ok = true;
+        double sum = 0;
+        for (std::int64_t i = 0; i < len; ++i) {
+          ok &= (src[i] >= 0.0f) & (src[i] <= std::numeric_limits<float>::max());
+          sum += src[i];
+        }
+        for (std::int64_t i = len; i < width; ++i) ok &= src[i] == 0.0f;
+        ok &= std::abs(sum - 1.0) <= tol;
+        if (!ok) {
+#pragma omp critical(kvcal_dump_error)
+          if (bad_o < 0 || o * H + q < bad_o * H + bad_q) bad_o = o, bad_q = q;
+        }
+        if (m == 0) {
+          std::copy(src, src + width, dst);
+        } else if (gqa == GqaReduce::max) {
+          for (std::int64_t i = 0; i < width; ++i) dst[i] = std::max(dst[i], src[i]);
+        } else {
+          for (std::int64_t i = 0; i < width; ++i) dst[i] += src[i];
+        }
+      }
+      if (gqa == GqaReduce::mean && group > 1) {
+        const float inv = 1.0f / static_cast<float>(group);
+        for (std::int64_t i = 0; i < width; ++i) dst[i] *= inv;
+      }
     }
   }
+  return {bad_o, bad_q};
+}
+
+}  // namespace
+
+LayerAttention AttentionDump::decode_layer(const RawLayer& raw, GqaReduce gqa, double tol, int threads) const {
+  const DumpSample& s = *raw.sample;
+  const std::int64_t H = s.heads, n = s.prompt_len, T = s.steps, width = n + T, layer = raw.layer;
+  const std::string ctx = fmt::format("{}: sample '{}'", path_, s.name);
+  if (threads <= 0) threads = omp_get_max_threads();
   LayerAttention out;
   out.heads = kv_heads_;
   out.n = n;
   out.steps = T;
-  out.prefill = reduce_gqa(prefill, 1, H, kv_heads_, n, gqa);
-  out.decode = reduce_gqa(decode, T, H, kv_heads_, width, gqa);
+  out.prefill.resize(static_cast<std::size_t>(kv_heads_ * n));
+  out.decode.resize(static_cast<std::size_t>(T * kv_heads_ * width));
+
+  // On a failed fast check, the offending row is converted again and
+  // described exactly by check_rows (which throws).
+  auto explain = [&](const std::uint16_t* half, const float* single, std::int64_t offset, std::int64_t w,
+                     std::int64_t len, const std::string& dctx, const std::string& where) {
+    std::vector<float> row(static_cast<std::size_t>(w));
+    if (half) {
+      detail::halves_to_floats(half + offset, w, row.data());
+    } else {
+      std::copy(single + offset, single + offset + w, row.data());
+    }
+    check_rows(row.data(), 1, w, len, tol, dctx, [&](std::int64_t) { return where; });
+    fail("{}: {}: invalid row", dctx, where);
+  };
+
+  auto [po, pq] = decode_rows(
+      raw.prefill_half ? raw.prefill16.data() : nullptr, raw.prefill_half ? nullptr : raw.prefill32.data(), 1, H,
+      kv_heads_, n, [n](std::int64_t) { return n; }, gqa, tol, out.prefill.data(), threads);
+  if (po >= 0) {
+    explain(raw.prefill_half ? raw.prefill16.data() : nullptr, raw.prefill_half ? nullptr : raw.prefill32.data(),
+            pq * n, n, n, ctx + ", dataset 'prefill'", fmt::format("layer {}, head {}", layer, pq));
+  }
+  auto [dt, dq] = decode_rows(
+      raw.decode_half ? raw.decode16.data() : nullptr, raw.decode_half ? nullptr : raw.decode32.data(), T, H, kv_heads_,
+      width, [n](std::int64_t t) { return n + t + 1; }, gqa, tol, out.decode.data(), threads);
+  if (dt >= 0) {
+    explain(raw.decode_half ? raw.decode16.data() : nullptr, raw.decode_half ? nullptr : raw.decode32.data(),
+            (dt * H + dq) * width, width, n + dt + 1, ctx + ", dataset 'decode'",
+            fmt::format("step {}, layer {}, head {}", dt, layer, dq));
+  }
   return out;
+}
+
+LayerAttention AttentionDump::read_layer(const DumpSample& s, std::int64_t layer, GqaReduce gqa, double tol,
+                                         int threads) const {
+  return decode_layer(read_raw_layer(s, layer), gqa, tol, threads);
 }
 
 }  // namespace kvcal

@@ -2,6 +2,7 @@
 
 #include <chrono>
 #include <cmath>
+#include <future>
 
 #include <fmt/ranges.h>
 
@@ -73,30 +74,49 @@ HeadProfile profile_heads(const std::vector<std::string>& paths, const HeadProfi
   p.pairwise.assign(static_cast<std::size_t>(L * H * H), 0.0f);
   std::vector<double> stab(p.stability.size(), 0.0), sim(p.similarity.size(), 0.0), pair(p.pairwise.size(), 0.0);
 
-  bool whole_rows_warned = false;
-  std::int64_t done = 0;
-  const auto t0 = std::chrono::steady_clock::now();
+  // Work items in order; the raw bytes of item i+1 are read (HDF5, one
+  // thread) while item i is decoded and profiled (OpenMP threads).
+  struct Item {
+    const AttentionDump* dump;
+    const DumpSample* sample;
+    std::int64_t layer;
+  };
+  std::vector<Item> items;
   for (const auto& d : dumps) {
     for (const DumpSample& s : d->samples()) {
-      if (!whole_rows_warned && ov.topk_frac == 0 && ov.topk >= s.prompt_len) {
+      if (ov.topk_frac == 0 && ov.topk >= s.prompt_len && items.empty()) {
         log(LogLevel::warn,
             "--topk {} covers whole rows of sample '{}' (prompt of {} tokens): every overlap is then 1; use "
             "--topk-frac (e.g. 0.1) or a smaller --topk",
             ov.topk, s.name, s.prompt_len);
-        whole_rows_warned = true;
       }
-      for (std::int64_t l = 0; l < L; ++l) {
-        const LayerAttention layer = d->read_layer(s, l, options.gqa);
-        const LayerOverlaps o = layer_overlaps(layer, ov);
-        for (std::int64_t h = 0; h < H; ++h) {
-          stab[l * H + h] += o.stability[h];
-          sim[l * H + h] += o.similarity[h];
-        }
-        for (std::int64_t i = 0; i < H * H; ++i) pair[l * H * H + i] += o.pairwise[i];
-      }
+      for (std::int64_t l = 0; l < L; ++l) items.push_back({d.get(), &s, l});
+    }
+  }
+  auto fetch = [&items](std::size_t i) {
+    return std::async(std::launch::async,
+                      [&items, i] { return items[i].dump->read_raw_layer(*items[i].sample, items[i].layer); });
+  };
+  std::int64_t done = 0;
+  const auto t0 = std::chrono::steady_clock::now();
+  std::future<AttentionDump::RawLayer> next = fetch(0);
+  for (std::size_t i = 0; i < items.size(); ++i) {
+    const AttentionDump::RawLayer raw = next.get();
+    if (i + 1 < items.size()) next = fetch(i + 1);
+    const Item& it = items[i];
+    const LayerAttention layer = it.dump->decode_layer(raw, options.gqa, 2e-2, ov.threads);
+    const LayerOverlaps o = layer_overlaps(layer, ov);
+    const std::int64_t l = it.layer;
+    for (std::int64_t h = 0; h < H; ++h) {
+      stab[l * H + h] += o.stability[h];
+      sim[l * H + h] += o.similarity[h];
+    }
+    for (std::int64_t k = 0; k < H * H; ++k) pair[l * H * H + k] += o.pairwise[k];
+    if (l + 1 == L) {
       ++done;
-      log(LogLevel::info, "profiled sample {}/{} ('{}', N = {}, T = {}) after {:.1f} s", done, total_samples, s.name,
-          s.prompt_len, s.steps, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+      log(LogLevel::info, "profiled sample {}/{} ('{}', N = {}, T = {}) after {:.1f} s", done, total_samples,
+          it.sample->name, it.sample->prompt_len, it.sample->steps,
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
     }
   }
   const double inv = 1.0 / static_cast<double>(total_samples);

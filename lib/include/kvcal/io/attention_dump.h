@@ -49,7 +49,20 @@ class AttentionDump {
   // Layer `layer` of a sample, validated (finite, non-negative rows summing to
   // 1 within row_tolerance, zero padding) and reduced to KV heads.
   LayerAttention read_layer(const DumpSample& sample, std::int64_t layer, GqaReduce gqa,
-                            double row_tolerance = 2e-2) const;
+                            double row_tolerance = 2e-2, int threads = 0) const;
+
+  // The two halves of read_layer, so that reading the next layer (HDF5, one
+  // thread) can overlap decoding the current one (any thread).
+  struct RawLayer {
+    const DumpSample* sample = nullptr;
+    std::int64_t layer = 0;
+    bool prefill_half = false, decode_half = false;
+    std::vector<std::uint16_t> prefill16, decode16;
+    std::vector<float> prefill32, decode32;
+  };
+  RawLayer read_raw_layer(const DumpSample& sample, std::int64_t layer) const;
+  LayerAttention decode_layer(const RawLayer& raw, GqaReduce gqa, double row_tolerance = 2e-2,
+                              int threads = 0) const;
 
  private:
   struct Impl;
