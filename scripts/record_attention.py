@@ -40,7 +40,9 @@ queries and cached keys must reproduce the model's own decode attention weights.
 
 Before writing, the script asserts: every prefill/decode row is non-negative and sums to 1
 (within 1e-3 in float16, 1e-5 in float32), decode padding is exactly zero, everything is finite.
-The file is written to OUT.tmp.<pid> and moved into place with os.replace.
+The file is written to OUT.tmp.<pid> and moved into place with os.replace. String attributes
+are fixed-length (ASCII, or UTF-8 when the text is not ASCII), never variable-length, so that
+kvcal's HDF5 1.10 reader can read them.
 
 Needs torch, transformers (plus accelerate and gguf to load GGUF files), h5py and numpy.
 The full N x N prefill attention is never stored.
@@ -456,7 +458,12 @@ def write_dump(out_path, root_attrs, samples):
         with h5py.File(tmp, "w") as f:
             for k, v in root_attrs.items():
                 if isinstance(v, str):
-                    f.attrs.create(k, v, dtype=h5py.string_dtype("utf-8"))
+                    # Fixed-length strings (ASCII unless the text is not): kvcal's C++ reader,
+                    # built on HDF5 1.10, cannot read h5py's default variable-length UTF-8.
+                    raw = v.encode("utf-8")
+                    cset = "ascii" if raw.isascii() else "utf-8"
+                    f.attrs.create(k, np.array(raw, dtype=f"S{max(1, len(raw))}"),
+                                   dtype=h5py.string_dtype(cset, max(1, len(raw))))
                 else:
                     f.attrs.create(k, np.int64(v), dtype=np.int64)
             grp = f.create_group("samples")

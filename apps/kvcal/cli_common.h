@@ -34,6 +34,7 @@ inline void require_usage(bool cond, const std::string& message) {
 Runner add_mask_gen(CLI::App& app);
 Runner add_mask_certify(CLI::App& app);
 Runner add_profile_heads(CLI::App& app);
+Runner add_calibrate_entropy(CLI::App& app);
 
 // Joins argv into one shell-quoted string.
 std::string join_command_line(int argc, char** argv);

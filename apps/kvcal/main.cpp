@@ -17,6 +17,7 @@ constexpr const char* kFooter = R"(Examples:
   kvcal mask-gen --rows 4096 --cols 128 --sparsity 0.03125 --out masks.h5
   kvcal mask-certify masks.h5
   kvcal profile-heads dump.h5 --topk-frac 0.1 --out heads.h5
+  kvcal calibrate-entropy dump.h5 --out entropy.h5
   kvcal mask-gen --config recipe.toml      (options from a TOML file, section [mask-gen])
 
 Exit status: 0 success, 1 failure (bad input, I/O, a false claim), 2 usage error.
@@ -49,6 +50,7 @@ int main(int argc, char** argv) {
   add(&cli::add_mask_gen);
   add(&cli::add_mask_certify);
   add(&cli::add_profile_heads);
+  add(&cli::add_calibrate_entropy);
 
   std::string which = "kvcal";
   try {

@@ -373,9 +373,8 @@ H5Handle select_block(hid_t dataset, const std::vector<std::int64_t>& start, con
 
 }  // namespace
 
-bool read_raw_float_block(hid_t dataset, const std::vector<std::int64_t>& start,
-                          const std::vector<std::int64_t>& count, std::vector<std::uint16_t>& half,
-                          std::vector<float>& single, const std::string& context) {
+bool read_raw_float_block(hid_t dataset, const std::vector<std::int64_t>& start, const std::vector<std::int64_t>& count,
+                          std::vector<std::uint16_t>& half, std::vector<float>& single, const std::string& context) {
   const DatasetInfo info = dataset_info(dataset);
   std::int64_t total = 1;
   for (auto c : count) total *= c;

@@ -48,8 +48,8 @@ class AttentionDump {
 
   // Layer `layer` of a sample, validated (finite, non-negative rows summing to
   // 1 within row_tolerance, zero padding) and reduced to KV heads.
-  LayerAttention read_layer(const DumpSample& sample, std::int64_t layer, GqaReduce gqa,
-                            double row_tolerance = 2e-2, int threads = 0) const;
+  LayerAttention read_layer(const DumpSample& sample, std::int64_t layer, GqaReduce gqa, double row_tolerance = 2e-2,
+                            int threads = 0) const;
 
   // The two halves of read_layer, so that reading the next layer (HDF5, one
   // thread) can overlap decoding the current one (any thread).
@@ -61,8 +61,7 @@ class AttentionDump {
     std::vector<float> prefill32, decode32;
   };
   RawLayer read_raw_layer(const DumpSample& sample, std::int64_t layer) const;
-  LayerAttention decode_layer(const RawLayer& raw, GqaReduce gqa, double row_tolerance = 2e-2,
-                              int threads = 0) const;
+  LayerAttention decode_layer(const RawLayer& raw, GqaReduce gqa, double row_tolerance = 2e-2, int threads = 0) const;
 
  private:
   struct Impl;

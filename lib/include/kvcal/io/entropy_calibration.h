@@ -1,0 +1,56 @@
+// Entropy/varentropy thresholds for CHESS re-selection (format
+// "kvcal.entropy_calibration", format_version 1; schemas/entropy_calibration.v1.json).
+//
+// Inputs: attention dumps whose samples hold `logits` [N+T, V] (float16 or
+// float32; read in row blocks, so V x rows never has to fit in memory) or the
+// precomputed `token_entropy` and `token_varentropy` [N+T] (nats).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "kvcal/profile/entropy.h"
+
+namespace kvcal {
+
+inline constexpr const char* kEntropyFormat = "kvcal.entropy_calibration";
+inline constexpr std::int64_t kEntropyFormatVersion = 1;
+
+enum class EntropyUnit { nats, bits };
+const char* to_string(EntropyUnit u);
+EntropyUnit parse_entropy_unit(const std::string& name);  // throws kvcal::Error
+
+struct EntropyOptions {
+  PageOptions page;
+  double percentile = 99;
+  TriggerRule rule = TriggerRule::both;
+  EntropyUnit unit = EntropyUnit::nats;
+  std::int64_t bins = 64;
+  int threads = 0;
+};
+
+struct EntropyCalibration {
+  EntropyOptions options;
+  double entropy_threshold = 0, varentropy_threshold = 0;
+  double trigger_rate = 0;  // fraction of calibration pages above the thresholds by the rule
+  std::int64_t num_pages = 0, num_tokens = 0;
+  std::vector<double> page_entropy, page_varentropy;    // [num_pages]
+  std::vector<double> entropy_edges, varentropy_edges;  // [bins + 1]
+  std::vector<double> histogram;                        // [bins, bins]: entropy rows, varentropy columns
+  std::vector<std::string> input_sha256;
+  std::vector<std::string> sources;  // per sample: "logits" or "token_stats"
+};
+
+// Token statistics of every sample, pages, thresholds, trigger rate and the
+// 2-D histogram. Progress goes to the log.
+EntropyCalibration calibrate_entropy(const std::vector<std::string>& dump_paths, const EntropyOptions& options);
+
+// The pages that trigger under the thresholds and rule (strictly above).
+bool triggers(double page_entropy, double page_varentropy, double entropy_threshold, double varentropy_threshold,
+              TriggerRule rule);
+
+void write_entropy_calibration(const std::string& path, const EntropyCalibration& c, const std::string& command_line);
+EntropyCalibration read_entropy_calibration(const std::string& path);
+
+}  // namespace kvcal
