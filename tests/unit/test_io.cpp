@@ -159,3 +159,34 @@ TEST(HalfToFloat, EveryBinary16ValueExact) {
 
 }  // namespace
 }  // namespace kvcal
+
+namespace kvcal {
+namespace {
+
+// h5py writes variable-length UTF-8 strings by default; both kinds must read.
+TEST(StringAttributes, VariableAndFixedLengthUtf8) {
+  const std::string path = (std::filesystem::temp_directory_path() / "kvcal_vlen_attr.h5").string();
+  detail::h5_init();
+  {
+    detail::H5Handle f(H5Fcreate(path.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT), H5Fclose);
+    for (H5T_cset_t cset : {H5T_CSET_UTF8, H5T_CSET_ASCII}) {
+      detail::H5Handle type(H5Tcopy(H5T_C_S1), H5Tclose);
+      H5Tset_size(type.get(), H5T_VARIABLE);
+      H5Tset_cset(type.get(), cset);
+      detail::H5Handle space(H5Screate(H5S_SCALAR), H5Sclose);
+      const char* name = cset == H5T_CSET_UTF8 ? "vlen_utf8" : "vlen_ascii";
+      detail::H5Handle a(H5Acreate2(f.get(), name, type.get(), space.get(), H5P_DEFAULT, H5P_DEFAULT), H5Aclose);
+      const char* value = cset == H5T_CSET_UTF8 ? "σ2 ≤ τ" : "plain";
+      ASSERT_GE(H5Awrite(a.get(), type.get(), &value), 0);
+    }
+    detail::write_attr(f.get(), "fixed", std::string("fixed ü"));
+  }
+  detail::H5Handle f(H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT), H5Fclose);
+  EXPECT_EQ(detail::read_attr_string(f.get(), "vlen_utf8", "t"), "σ2 ≤ τ");
+  EXPECT_EQ(detail::read_attr_string(f.get(), "vlen_ascii", "t"), "plain");
+  EXPECT_EQ(detail::read_attr_string(f.get(), "fixed", "t"), "fixed ü");
+  std::filesystem::remove(path);
+}
+
+}  // namespace
+}  // namespace kvcal

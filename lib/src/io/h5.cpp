@@ -213,6 +213,9 @@ std::string read_attr_string(hid_t obj, const std::string& name, const std::stri
   if (H5Tis_variable_str(type.get()) > 0) {
     H5Handle mem(H5Tcopy(H5T_C_S1), H5Tclose);
     H5Tset_size(mem.get(), H5T_VARIABLE);
+    // HDF5 does not convert between character sets: read in the file's
+    // (h5py writes variable-length UTF-8 strings by default).
+    H5Tset_cset(mem.get(), H5Tget_cset(type.get()));
     char* value = nullptr;
     KVCAL_CHECK(H5Aread(attr.get(), mem.get(), &value) >= 0 && value, "{}: cannot read attribute '{}'", context, name);
     std::string out(value);

@@ -13,28 +13,6 @@
 namespace kvcal {
 namespace {
 
-// e^x for x in [-87.3, 0] in float (relative error ~2e-7; the Cephes expf
-// polynomial), written so that
-// the compiler vectorizes the loops that call it: round-to-nearest by the
-// 1.5 * 2^23 trick, a Cody-Waite split of ln 2, a degree-6 polynomial, and
-// the exponent built in the bits.
-inline float exp_nonpositive(float x) {
-  constexpr float kLog2e = 1.44269504088896341f, kLn2Hi = 0.693359375f, kLn2Lo = -2.12194440e-4f;
-  constexpr float kRound = 12582912.0f;  // 1.5 * 2^23
-  const float kf = (x * kLog2e + kRound) - kRound;
-  const float r = (x - kf * kLn2Hi) - kf * kLn2Lo;
-  float p = 1.9875691500e-4f;
-  p = p * r + 1.3981999507e-3f;
-  p = p * r + 8.3334519073e-3f;
-  p = p * r + 4.1665795894e-2f;
-  p = p * r + 1.6666665459e-1f;
-  p = p * r + 5.0000001201e-1f;
-  p = p * r * r + r + 1.0f;
-  const auto k = static_cast<std::int32_t>(kf);
-  const float scale = std::bit_cast<float>((k + 127) << 23);
-  return p * scale;
-}
-
 }  // namespace
 
 namespace {
@@ -51,20 +29,20 @@ inline vf16 load16(const float* p) {
 
 inline vf16 splat(float x) { return vf16{} + x; }
 
-// Vector form of exp_nonpositive (same operations, lane by lane).
-inline vf16 exp_nonpositive(vf16 x) {
-  const vf16 kf = (x * splat(1.44269504088896341f) + splat(12582912.0f)) - splat(12582912.0f);
-  const vf16 r = (x - kf * splat(0.693359375f)) - kf * splat(-2.12194440e-4f);
-  vf16 p = splat(1.9875691500e-4f);
-  p = p * r + splat(1.3981999507e-3f);
-  p = p * r + splat(8.3334519073e-3f);
-  p = p * r + splat(4.1665795894e-2f);
-  p = p * r + splat(1.6666665459e-1f);
-  p = p * r + splat(5.0000001201e-1f);
-  p = p * r * r + r + splat(1.0f);
+// 2^y for y in [-126, 0], lane by lane: k = round(y), 2^(y-k) by its degree-6
+// Taylor polynomial on [-1/2, 1/2] (relative error < 1.3e-7), 2^k in the bits.
+inline vf16 exp2_nonpositive(vf16 y) {
+  const vf16 kf = (y + splat(12582912.0f)) - splat(12582912.0f);  // round to nearest
+  const vf16 r = y - kf;
+  vf16 p = splat(1.5403530393381609e-4f);  // ln2^6 / 6!
+  p = p * r + splat(1.3333558146428443e-3f);  // ln2^5 / 5!
+  p = p * r + splat(9.6181291076284772e-3f);  // ln2^4 / 4!
+  p = p * r + splat(5.5504108664821580e-2f);  // ln2^3 / 3!
+  p = p * r + splat(2.4022650695910071e-1f);  // ln2^2 / 2!
+  p = p * r + splat(6.9314718055994531e-1f);  // ln2
+  p = p * r + splat(1.0f);
   const vi16 k = __builtin_convertvector(kf, vi16);
-  const vf16 scale = (vf16)((k + 127) << 23);
-  return p * scale;
+  return p * (vf16)((k + 127) << 23);
 }
 
 }  // namespace
@@ -72,7 +50,6 @@ inline vf16 exp_nonpositive(vf16 x) {
 TokenStats token_stats(const float* z, std::int64_t v) {
   KVCAL_CHECK(v >= 1, "a logits row needs at least one entry (V = 0)");
   constexpr float kInf = std::numeric_limits<float>::infinity();
-  constexpr float kLow = -87.3f;  // e^-87.3 is below the float range: contributes nothing
   const std::int64_t vec_end = v / 16 * 16;
 
   // Pass 1: the maximum, and whether any entry is NaN or +inf.
@@ -102,33 +79,38 @@ TokenStats token_stats(const float* z, std::int64_t v) {
   }
   KVCAL_CHECK(m > -kInf, "every logit of the row is -inf");
 
-  // Pass 2 (the row is in cache now): s, s1, s2 over x = z - m. Lanes
-  // accumulate blocks of 16 vectors in float, blocks add up in double.
+  // Pass 2 (the row is in cache now), in base 2: y = (z - m) log2(e), clamped
+  // at -126 (a masked -inf logit then weighs 2^-126 ~ 1e-38: nothing next to
+  // the maximum's weight of 1). s = sum 2^y, s1 = sum 2^y y, s2 = sum 2^y y^2;
+  // lanes accumulate blocks of 16 vectors in float, blocks add up in double.
+  constexpr float kLog2e = 1.44269504088896341f;
   double s = 0, s1 = 0, s2 = 0;
-  const vf16 mvec = splat(m);
+  const vf16 shift = splat(-m * kLog2e), floor = splat(-126.0f);
   for (std::int64_t block = 0; block < vec_end; block += 256) {
     const std::int64_t end = std::min(vec_end, block + 256);
     vf16 a0{}, a1{}, a2{};
     for (std::int64_t i = block; i < end; i += 16) {
-      const vf16 x = load16(z + i) - mvec;
-      const vi16 live = x > splat(kLow);
-      const vf16 xl = (vf16)((vi16)x & live);
-      const vf16 e = (vf16)((vi16)exp_nonpositive(xl) & live);
+      vf16 y = load16(z + i) * splat(kLog2e) + shift;
+      y = y > floor ? y : floor;
+      const vf16 e = exp2_nonpositive(y);
+      const vf16 t = e * y;
       a0 += e;
-      a1 += e * xl;
-      a2 += e * xl * xl;
+      a1 += t;
+      a2 += t * y;
     }
     for (int l = 0; l < 16; ++l) s += a0[l], s1 += a1[l], s2 += a2[l];
   }
   for (std::int64_t i = vec_end; i < v; ++i) {
-    const float x = z[i] - m;
-    if (x > kLow) {
-      const double e = exp_nonpositive(x);
-      s += e;
-      s1 += e * x;
-      s2 += e * x * x;
-    }
+    const float y = std::max(z[i] * kLog2e - m * kLog2e, -126.0f);
+    const double e = std::exp2(static_cast<double>(y));
+    s += e;
+    s1 += e * y;
+    s2 += e * y * y;
   }
+  // Back to nats: x = y ln 2.
+  constexpr double kLn2 = 0.69314718055994530942;
+  s1 *= kLn2;
+  s2 *= kLn2 * kLn2;
   const double mean = s1 / s;
   TokenStats t;
   t.entropy = std::max(0.0, std::log(s) - mean);

@@ -5,8 +5,10 @@
 //   varentropy  V = sum p (ln p + H)^2 = Var_p(z)    (nats^2).
 // Both come from one pass over the row after its maximum m (two reads of a
 // row that stays in cache): with x = z - m, s = sum e^x, s1 = sum e^x x,
-// s2 = sum e^x x^2, H = ln s - s1/s and V = s2/s - (s1/s)^2. Logits of -inf
-// (masked tokens) contribute nothing; NaN and +inf are errors.
+// s2 = sum e^x x^2, H = ln s - s1/s and V = s2/s - (s1/s)^2. The exponential
+// is evaluated in base 2 on 16-lane vectors (relative error ~1e-7) with
+// exponents clamped at -126, so a masked -inf logit weighs 2^-126 (nothing
+// next to the maximum's 1); NaN and +inf are errors.
 #pragma once
 
 #include <cstdint>
