@@ -254,6 +254,28 @@ void write_dumps() {
   dump("dump_missing.h5", {}, [](hid_t f) { H5Ldelete(f, "/samples/sample_0/decode", H5P_DEFAULT); });
   dump("dump_noattr.h5", {}, [](hid_t f) { H5Adelete(f, "num_q_heads"); });
   dump("dump_format.h5", {}, [](hid_t f) { d::write_attr(f, "format", std::string("kvcal.masks")); });
+
+  // For calibrate-entropy: logits [163, 50] of both samples (one with a NaN),
+  // and token statistics of the wrong length.
+  auto with_logits = [](bool nan) {
+    return [nan](hid_t f) {
+      for (const char* name : {"/samples/sample_0", "/samples/sample_1"}) {
+        H5Handle g(H5Gopen2(f, name, H5P_DEFAULT), H5Gclose);
+        std::vector<float> z(163 * 50);
+        for (std::size_t i = 0; i < z.size(); ++i) z[i] = static_cast<float>((i * 7919) % 101) / 10.0f;
+        if (nan) z[3 * 50 + 2] = std::nanf("");
+        d::write_dataset(g.get(), "logits", {163, 50}, z.data());
+      }
+    };
+  };
+  dump("dump_logits.h5", {}, with_logits(false));
+  dump("dump_logits_nan.h5", {}, with_logits(true));
+  dump("dump_stats_len.h5", {}, [](hid_t f) {
+    H5Handle g(H5Gopen2(f, "/samples/sample_0", H5P_DEFAULT), H5Gclose);
+    std::vector<float> h(100, 1.0f);
+    d::write_dataset(g.get(), "token_entropy", {100}, h.data());
+    d::write_dataset(g.get(), "token_varentropy", {100}, h.data());
+  });
 }
 
 int main(int argc, char** argv) {

@@ -512,6 +512,51 @@ case_profile_heads_bad_input() {
   expect_clean_failure kvcal profile-heads --out h.h5
 }
 
+case_calibrate_entropy() {
+  make_fixtures
+  fresh_dir ent
+  # 2 samples x 163 positions, pages of 16: 10 full pages each.
+  expect_exit 0 kvcal calibrate-entropy "$FX/dump_logits.h5" --page-size 16 --percentile 90 --out e.h5
+  expect_file e.h5
+  expect_stdout_has "pages            20 of 326 tokens (16 per page, partial pages: drop)"
+  expect_stdout_has "entropy          p90 = "
+  expect_exit 0 kvcal calibrate-entropy "$FX/dump_logits.h5" --page-size 16 --partial-pages keep --rule or \
+    --page-varentropy temporal --unit bits --out e2.h5
+  expect_stdout_has "22 of 326 tokens"
+  expect_stdout_has "bits^2 (page varentropy: temporal)"
+  if command -v h5dump >/dev/null; then
+    h5dump -a format e.h5 | grep -q '"kvcal.entropy_calibration"' || fail "e.h5 has no format attribute"
+    h5dump -a rule e2.h5 | grep -q '"or"' || fail "e2.h5 does not record rule = or"
+  fi
+  expect_no_temp_files .
+}
+
+case_calibrate_entropy_bad_input() {
+  make_fixtures
+  local c
+  local -a cmds=(
+    "$FX/dump_good.h5"                     # neither logits nor token statistics
+    "$FX/dump_logits_nan.h5"               # NaN logit
+    "$FX/dump_stats_len.h5"                # token statistics of the wrong length
+    "$FX/dump_format.h5"                   # not an attention dump
+    "$FX/dump_logits.h5 --percentile 100"  # impossible parameters
+    "$FX/dump_logits.h5 --page-size 0"
+    "$FX/dump_logits.h5 --page-size 1000"  # no complete page
+    "$FX/dump_logits.h5 --bins 0"
+    "$FX/dump_logits.h5 --rule xor"
+    "$FX/missing.h5"
+  )
+  for c in "${cmds[@]}"; do
+    fresh_dir entbad
+    # shellcheck disable=SC2086
+    expect_clean_failure kvcal -q calibrate-entropy $c --out e.h5
+    expect_empty_dir .
+  done
+  fresh_dir entnan
+  run kvcal -q calibrate-entropy "$FX/dump_logits_nan.h5" --out e.h5
+  expect_stderr_has "sample 'sample_0', dataset 'logits': position 3"
+}
+
 # ---------------------------------------------------------------------------
 
 if ! declare -F "case_$CASE" >/dev/null; then
