@@ -7,8 +7,8 @@
 namespace kvcal {
 namespace {
 
-std::string sha(const std::string& s) {
-  Sha256 h;
+std::string sha(const std::string& s, bool portable = false) {
+  Sha256 h(portable);
   h.update(s.data(), s.size());
   return h.hex_digest();
 }
@@ -19,6 +19,14 @@ TEST(Sha256, FipsVectors) {
   EXPECT_EQ(sha("abcdbcdecdefdefgefghfghighijhijkijkljklmklmnlmnomnopnopq"),
             "248d6a61d20638b8e5c026930c3e6039a33ce45964ff2167f6ecedd419db06c1");
   EXPECT_EQ(sha(std::string(1000000, 'a')), "cdc76e5c9914fb9281a1c7e284d73e67f1809a48a497200e046d39ccc7112cd0");
+}
+
+TEST(Sha256, PortableRoundsAgree) {
+  for (const std::string& s : {std::string(""), std::string("abc"), std::string(1000, 'q'), std::string(65, 'x')}) {
+    EXPECT_EQ(sha(s, true), sha(s, false)) << s.size();
+  }
+  EXPECT_EQ(sha(std::string(1000000, 'a'), true),
+            "cdc76e5c9914fb9281a1c7e284d73e67f1809a48a497200e046d39ccc7112cd0");
 }
 
 TEST(Sha256, ChunkingDoesNotMatter) {

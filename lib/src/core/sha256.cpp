@@ -3,6 +3,9 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstring>
+#if defined(__SHA__) && defined(__SSE4_1__)
+#include <immintrin.h>
+#endif
 #include <memory>
 #include <vector>
 
@@ -25,9 +28,60 @@ inline std::uint32_t rotr(std::uint32_t x, int n) { return (x >> n) | (x << (32 
 
 }  // namespace
 
-Sha256::Sha256() : h_{0x6a09e667, 0xbb67ae85, 0x3c6ef372, 0xa54ff53a, 0x510e527f, 0x9b05688c, 0x1f83d9ab, 0x5be0cd19} {}
+Sha256::Sha256(bool portable)
+    : h_{0x6a09e667, 0xbb67ae85, 0x3c6ef372, 0xa54ff53a, 0x510e527f, 0x9b05688c, 0x1f83d9ab, 0x5be0cd19}, portable_(portable) {}
+
+#if defined(__SHA__) && defined(__SSE4_1__)
+namespace {
+
+// The SHA-256 compression with the SHA extensions (Intel SHA-NI, also on AMD
+// Zen): the state lives as ABEF / CDGH, four rounds per message group.
+void blocks_shani(std::uint32_t* h, const std::uint8_t* p, std::size_t nblocks) {
+  const __m128i mask = _mm_set_epi64x(0x0c0d0e0f08090a0bULL, 0x0405060700010203ULL);
+  __m128i tmp = _mm_loadu_si128(reinterpret_cast<const __m128i*>(h));
+  __m128i state1 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(h + 4));
+  tmp = _mm_shuffle_epi32(tmp, 0xB1);
+  state1 = _mm_shuffle_epi32(state1, 0x1B);
+  __m128i state0 = _mm_alignr_epi8(tmp, state1, 8);
+  state1 = _mm_blend_epi16(state1, tmp, 0xF0);
+  for (; nblocks > 0; --nblocks, p += 64) {
+    const __m128i save0 = state0, save1 = state1;
+    __m128i m[4];
+    for (int g = 0; g < 16; ++g) {
+      if (g < 4) {
+        m[g] = _mm_shuffle_epi8(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 16 * g)), mask);
+      }
+      __m128i msg = _mm_add_epi32(m[g % 4], _mm_loadu_si128(reinterpret_cast<const __m128i*>(kRound + 4 * g)));
+      state1 = _mm_sha256rnds2_epu32(state1, state0, msg);
+      if (g >= 3 && g < 15) {  // the next group, W[4(g+1) ..]
+        const __m128i t = _mm_alignr_epi8(m[g % 4], m[(g + 3) % 4], 4);
+        m[(g + 1) % 4] = _mm_sha256msg2_epu32(_mm_add_epi32(m[(g + 1) % 4], t), m[g % 4]);
+      }
+      msg = _mm_shuffle_epi32(msg, 0x0E);
+      state0 = _mm_sha256rnds2_epu32(state0, state1, msg);
+      if (g >= 1 && g < 13) m[(g + 3) % 4] = _mm_sha256msg1_epu32(m[(g + 3) % 4], m[g % 4]);
+    }
+    state0 = _mm_add_epi32(state0, save0);
+    state1 = _mm_add_epi32(state1, save1);
+  }
+  tmp = _mm_shuffle_epi32(state0, 0x1B);
+  state1 = _mm_shuffle_epi32(state1, 0xB1);
+  state0 = _mm_blend_epi16(tmp, state1, 0xF0);
+  state1 = _mm_alignr_epi8(state1, tmp, 8);
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(h), state0);
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(h + 4), state1);
+}
+
+}  // namespace
+#endif
 
 void Sha256::block(const std::uint8_t* p) {
+#if defined(__SHA__) && defined(__SSE4_1__)
+  if (!portable_) {
+    blocks_shani(h_, p, 1);
+    return;
+  }
+#endif
   std::uint32_t w[64];
   for (int i = 0; i < 16; ++i) {
     w[i] = (std::uint32_t{p[4 * i]} << 24) | (std::uint32_t{p[4 * i + 1]} << 16) | (std::uint32_t{p[4 * i + 2]} << 8) |
@@ -65,6 +119,13 @@ void Sha256::update(const void* data, std::size_t size) {
     block(buf_);
     buf_len_ = 0;
   }
+#if defined(__SHA__) && defined(__SSE4_1__)
+  if (size >= 64 && !portable_) {
+    blocks_shani(h_, p, size / 64);
+    p += size / 64 * 64;
+    size %= 64;
+  }
+#endif
   for (; size >= 64; p += 64, size -= 64) block(p);
   std::memcpy(buf_, p, size);
   buf_len_ = size;

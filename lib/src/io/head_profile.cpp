@@ -97,6 +97,12 @@ HeadProfile profile_heads(const std::vector<std::string>& paths, const HeadProfi
     return std::async(std::launch::async,
                       [&items, i] { return items[i].dump->read_raw_layer(*items[i].sample, items[i].layer); });
   };
+  // The inputs' SHA-256 (provenance) is computed beside the profiling.
+  std::future<std::vector<std::string>> hashes = std::async(std::launch::async, [&paths] {
+    std::vector<std::string> out;
+    for (const auto& path : paths) out.push_back(sha256_file(path));
+    return out;
+  });
   std::int64_t done = 0;
   const auto t0 = std::chrono::steady_clock::now();
   std::future<AttentionDump::RawLayer> next = fetch(0);
@@ -127,7 +133,7 @@ HeadProfile profile_heads(const std::vector<std::string>& paths, const HeadProfi
   for (std::size_t i = 0; i < pair.size(); ++i) p.pairwise[i] = static_cast<float>(pair[i] * inv);
   p.num_samples = total_samples;
   classify_and_budget(p);
-  for (const auto& path : paths) p.dump_sha256.push_back(sha256_file(path));
+  p.dump_sha256 = hashes.get();
   return p;
 }
 

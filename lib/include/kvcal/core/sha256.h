@@ -10,7 +10,9 @@ namespace kvcal {
 
 class Sha256 {
  public:
-  Sha256();
+  // portable = true forces the plain C++ rounds even where the SHA CPU
+  // extensions are used by default (for tests).
+  explicit Sha256(bool portable = false);
   void update(const void* data, std::size_t size);
   // Finishes the hash; the object must not be updated afterwards.
   std::array<std::uint8_t, 32> digest();
@@ -21,6 +23,7 @@ class Sha256 {
   std::uint32_t h_[8];
   std::uint8_t buf_[64];
   std::size_t buf_len_ = 0;
+  bool portable_ = false;
   std::uint64_t total_ = 0;
 };
 
