@@ -105,7 +105,8 @@ Runner add_profile_heads(CLI::App& app) {
                   "appendix (cluster all heads, App. C.2) or similar-first (only S_sim >= tau-sim heads, §4.1)")
       ->check(CLI::IsMember({"appendix", "similar-first"}))
       ->capture_default_str();
-  sub->add_option("--threads", o->threads, "Worker threads (0: all cores)")->capture_default_str();
+  sub->add_option("--threads", o->threads, "Compute threads (0: all cores but one, which reads and hashes)")
+      ->capture_default_str();
   return [o](const Globals& g) { return run(*o, g); };
 }
 

@@ -6,6 +6,7 @@
 #include <numeric>
 
 #include "kvcal/core/error.h"
+#include "kvcal/core/random.h"
 #include "kvcal/io/attention_dump.h"
 #include "kvcal/io/head_profile.h"
 #include "kvcal/profile/heads.h"
@@ -38,6 +39,23 @@ TEST(TopK, TiesAndClipping) {
   const std::vector<float> v = {0.1f, 0.5f, 0.2f, 0.5f, 0.9f};
   EXPECT_EQ(top_k(v.data(), 5, 2), (std::vector<std::int32_t>{1, 4}));
   EXPECT_EQ(top_k(v.data(), 5, 99).size(), 5u);
+  // -0.0 ranks as 0 (not as a huge key), tiny values above zero win.
+  const std::vector<float> zeros = {-0.0f, 0.0f, 1e-30f, 0.0f};
+  EXPECT_EQ(top_k(zeros.data(), 4, 2), (std::vector<std::int32_t>{0, 2}));
+  // Against a brute-force sort on random rows with many ties.
+  Rng rng(3);
+  for (int trial = 0; trial < 50; ++trial) {
+    const std::int64_t len = 1 + static_cast<std::int64_t>(rng.below(3000));
+    std::vector<float> row(static_cast<std::size_t>(len));
+    for (auto& x : row) x = static_cast<float>(rng.below(40)) * (rng.uniform() < 0.5 ? 1e-3f : 1.0f);
+    const std::int64_t k = 1 + static_cast<std::int64_t>(rng.below(static_cast<std::uint64_t>(len)));
+    std::vector<std::int32_t> order(static_cast<std::size_t>(len));
+    std::iota(order.begin(), order.end(), 0);
+    std::stable_sort(order.begin(), order.end(), [&](std::int32_t a, std::int32_t b) { return row[a] > row[b]; });
+    std::vector<std::int32_t> want(order.begin(), order.begin() + k);
+    std::sort(want.begin(), want.end());
+    ASSERT_EQ(top_k(row.data(), len, k), want) << "trial " << trial << " len " << len << " k " << k;
+  }
   OverlapOptions o;
   o.topk = 1024;
   EXPECT_EQ(topk_for_row(100, o), 100);

@@ -25,8 +25,7 @@ TEST(Sha256, PortableRoundsAgree) {
   for (const std::string& s : {std::string(""), std::string("abc"), std::string(1000, 'q'), std::string(65, 'x')}) {
     EXPECT_EQ(sha(s, true), sha(s, false)) << s.size();
   }
-  EXPECT_EQ(sha(std::string(1000000, 'a'), true),
-            "cdc76e5c9914fb9281a1c7e284d73e67f1809a48a497200e046d39ccc7112cd0");
+  EXPECT_EQ(sha(std::string(1000000, 'a'), true), "cdc76e5c9914fb9281a1c7e284d73e67f1809a48a497200e046d39ccc7112cd0");
 }
 
 TEST(Sha256, ChunkingDoesNotMatter) {

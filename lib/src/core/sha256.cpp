@@ -29,7 +29,8 @@ inline std::uint32_t rotr(std::uint32_t x, int n) { return (x >> n) | (x << (32 
 }  // namespace
 
 Sha256::Sha256(bool portable)
-    : h_{0x6a09e667, 0xbb67ae85, 0x3c6ef372, 0xa54ff53a, 0x510e527f, 0x9b05688c, 0x1f83d9ab, 0x5be0cd19}, portable_(portable) {}
+    : h_{0x6a09e667, 0xbb67ae85, 0x3c6ef372, 0xa54ff53a, 0x510e527f, 0x9b05688c, 0x1f83d9ab, 0x5be0cd19},
+      portable_(portable) {}
 
 #if defined(__SHA__) && defined(__SSE4_1__)
 namespace {
@@ -47,6 +48,7 @@ void blocks_shani(std::uint32_t* h, const std::uint8_t* p, std::size_t nblocks) 
   for (; nblocks > 0; --nblocks, p += 64) {
     const __m128i save0 = state0, save1 = state1;
     __m128i m[4];
+#pragma GCC unroll 16
     for (int g = 0; g < 16; ++g) {
       if (g < 4) {
         m[g] = _mm_shuffle_epi8(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 16 * g)), mask);

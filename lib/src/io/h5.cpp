@@ -368,9 +368,9 @@ H5Handle select_block(hid_t dataset, const std::vector<std::int64_t>& start, con
   std::vector<hsize_t> st(start.begin(), start.end()), ct(count.begin(), count.end());
   KVCAL_CHECK(H5Sselect_hyperslab(space.get(), H5S_SELECT_SET, st.data(), nullptr, ct.data(), nullptr) >= 0,
               "{}: bad selection", context);
-  hsize_t total = 1;
-  for (auto c : ct) total *= c;
-  mem_space = H5Handle(H5Screate_simple(1, &total, nullptr), H5Sclose);
+  // A memory space of the selection's own shape: with a 1-D one HDF5 1.10
+  // maps element by element, more than ten times slower.
+  mem_space = H5Handle(H5Screate_simple(rank, ct.data(), nullptr), H5Sclose);
   return space;
 }
 

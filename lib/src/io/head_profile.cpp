@@ -1,5 +1,8 @@
 #include "kvcal/io/head_profile.h"
 
+#include <omp.h>
+
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <future>
@@ -40,7 +43,8 @@ HeadProfile profile_heads(const std::vector<std::string>& paths, const HeadProfi
   const auto& ov = options.overlap;
   KVCAL_CHECK(ov.pool_kernel >= 1 && ov.pool_kernel <= 4096, "--pool {} must lie in [1, 4096]", ov.pool_kernel);
   KVCAL_CHECK(ov.topk >= 1, "--topk {} must be at least 1", ov.topk);
-  KVCAL_CHECK(ov.topk_frac >= 0 && ov.topk_frac <= 1, "--topk-frac {} must lie in (0, 1]", ov.topk_frac);
+  KVCAL_CHECK(ov.topk_frac >= 0 && ov.topk_frac <= 1, "--topk-frac {} must lie in (0, 1] (0: use --topk)",
+              ov.topk_frac);
   for (double tau : {options.taxonomy.tau_stable, options.taxonomy.tau_sim}) {
     KVCAL_CHECK(std::isfinite(tau) && tau >= 0 && tau <= 1, "threshold {} must lie in [0, 1]", tau);
   }
@@ -49,6 +53,11 @@ HeadProfile profile_heads(const std::vector<std::string>& paths, const HeadProfi
 
   HeadProfile p;
   p.options = options;
+  // Reading (HDF5) and hashing run on threads of their own: by default the
+  // compute uses the other cores, at least one (spinning OpenMP workers would
+  // otherwise steal the reader's core).
+  OverlapOptions compute = ov;
+  if (compute.threads <= 0) compute.threads = std::max(1, omp_get_num_procs() - 1);
   if (p.options.tau_drift < 0) p.options.tau_drift = options.taxonomy.tau_stable;
   std::vector<std::unique_ptr<AttentionDump>> dumps;
   std::int64_t total_samples = 0;
@@ -82,9 +91,11 @@ HeadProfile profile_heads(const std::vector<std::string>& paths, const HeadProfi
     std::int64_t layer;
   };
   std::vector<Item> items;
+  bool whole_rows_warned = false;
   for (const auto& d : dumps) {
     for (const DumpSample& s : d->samples()) {
-      if (ov.topk_frac == 0 && ov.topk >= s.prompt_len && items.empty()) {
+      if (ov.topk_frac == 0 && ov.topk >= s.prompt_len && !whole_rows_warned) {
+        whole_rows_warned = true;
         log(LogLevel::warn,
             "--topk {} covers whole rows of sample '{}' (prompt of {} tokens): every overlap is then 1; use "
             "--topk-frac (e.g. 0.1) or a smaller --topk",
@@ -106,12 +117,21 @@ HeadProfile profile_heads(const std::vector<std::string>& paths, const HeadProfi
   std::int64_t done = 0;
   const auto t0 = std::chrono::steady_clock::now();
   std::future<AttentionDump::RawLayer> next = fetch(0);
+  using Clock = std::chrono::steady_clock;
+  double wait_s = 0, decode_s = 0, overlap_s = 0;  // where the time goes (-v)
   for (std::size_t i = 0; i < items.size(); ++i) {
+    const auto ta = Clock::now();
     const AttentionDump::RawLayer raw = next.get();
     if (i + 1 < items.size()) next = fetch(i + 1);
     const Item& it = items[i];
-    const LayerAttention layer = it.dump->decode_layer(raw, options.gqa, 2e-2, ov.threads);
-    const LayerOverlaps o = layer_overlaps(layer, ov);
+    const auto tb = Clock::now();
+    const LayerAttention layer = it.dump->decode_layer(raw, options.gqa, 2e-2, compute.threads);
+    const auto tc = Clock::now();
+    const LayerOverlaps o = layer_overlaps(layer, compute);
+    const auto td = Clock::now();
+    wait_s += std::chrono::duration<double>(tb - ta).count();
+    decode_s += std::chrono::duration<double>(tc - tb).count();
+    overlap_s += std::chrono::duration<double>(td - tc).count();
     const std::int64_t l = it.layer;
     for (std::int64_t h = 0; h < H; ++h) {
       stab[l * H + h] += o.stability[h];
@@ -133,7 +153,11 @@ HeadProfile profile_heads(const std::vector<std::string>& paths, const HeadProfi
   for (std::size_t i = 0; i < pair.size(); ++i) p.pairwise[i] = static_cast<float>(pair[i] * inv);
   p.num_samples = total_samples;
   classify_and_budget(p);
+  const auto th = Clock::now();
   p.dump_sha256 = hashes.get();
+  log(LogLevel::debug,
+      "time: waiting for reads {:.2f} s, decode/validate {:.2f} s, overlaps {:.2f} s, SHA-256 wait {:.2f} s", wait_s,
+      decode_s, overlap_s, std::chrono::duration<double>(Clock::now() - th).count());
   return p;
 }
 

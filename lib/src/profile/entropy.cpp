@@ -11,9 +11,7 @@
 #include "kvcal/core/error.h"
 
 namespace kvcal {
-namespace {
-
-}  // namespace
+namespace {}  // namespace
 
 namespace {
 
@@ -34,7 +32,7 @@ inline vf16 splat(float x) { return vf16{} + x; }
 inline vf16 exp2_nonpositive(vf16 y) {
   const vf16 kf = (y + splat(12582912.0f)) - splat(12582912.0f);  // round to nearest
   const vf16 r = y - kf;
-  vf16 p = splat(1.5403530393381609e-4f);  // ln2^6 / 6!
+  vf16 p = splat(1.5403530393381609e-4f);     // ln2^6 / 6!
   p = p * r + splat(1.3333558146428443e-3f);  // ln2^5 / 5!
   p = p * r + splat(9.6181291076284772e-3f);  // ln2^4 / 4!
   p = p * r + splat(5.5504108664821580e-2f);  // ln2^3 / 3!

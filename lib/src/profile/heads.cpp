@@ -5,6 +5,8 @@
 #include <algorithm>
 #include <bit>
 #include <cmath>
+#include <cstring>
+#include <functional>
 #include <numeric>
 
 #include <boost/graph/adjacency_list.hpp>
@@ -47,26 +49,88 @@ void average_pool(const float* row, std::int64_t len, std::int64_t kernel, float
     return;
   }
   const std::int64_t left = kernel / 2, right = kernel - 1 - left;
-  // Running window sum in double; each output averages the in-row entries.
-  double sum = 0;
-  std::int64_t lo = 0, hi = -1;  // current window [lo, hi]
-  for (std::int64_t i = 0; i < len; ++i) {
-    const std::int64_t want_hi = std::min(len - 1, i + right), want_lo = std::max<std::int64_t>(0, i - left);
-    while (hi < want_hi) sum += row[++hi];
-    while (lo < want_lo) sum -= row[lo++];
-    out[i] = static_cast<float>(sum / static_cast<double>(hi - lo + 1));
+  // Each output is the double sum of the in-row entries of its window, in
+  // order, over their count (so a border averages fewer entries).
+  auto window = [&](std::int64_t i) {
+    const std::int64_t lo = std::max<std::int64_t>(0, i - left), hi = std::min(len - 1, i + right);
+    double sum = 0;
+    for (std::int64_t j = lo; j <= hi; ++j) sum += row[j];
+    return std::max(0.0f, static_cast<float>(sum / static_cast<double>(hi - lo + 1)));
+  };
+  const std::int64_t begin = std::min(left, len), end = std::max(begin, len - right);
+  for (std::int64_t i = 0; i < begin; ++i) out[i] = window(i);
+  std::int64_t i = begin;
+  if (kernel <= 64) {
+    // Interior, eight outputs at a time (same sums, same order).
+    typedef float vf8 __attribute__((vector_size(32)));
+    typedef double vd8 __attribute__((vector_size(64)));
+    const double count = static_cast<double>(kernel);
+    for (; i + 8 <= end; i += 8) {
+      vd8 acc{};
+      for (std::int64_t j = 0; j < kernel; ++j) {
+        vf8 x;
+        std::memcpy(&x, row + i - left + j, sizeof x);
+        acc += __builtin_convertvector(x, vd8);
+      }
+      const vf8 r = __builtin_convertvector(acc / count, vf8);
+      std::memcpy(out + i, &r, sizeof r);
+    }
   }
+  for (; i < len; ++i) out[i] = window(i);
 }
 
 namespace {
 
-// Selects the k largest (ties: lower index) into idx[0..k), unordered.
-void select_top(const float* v, std::int64_t len, std::int64_t k, std::vector<std::int32_t>& idx) {
-  idx.resize(static_cast<std::size_t>(len));
-  std::iota(idx.begin(), idx.end(), 0);
-  if (k >= len) return;
-  std::nth_element(idx.begin(), idx.begin() + k, idx.end(),
-                   [v](std::int32_t a, std::int32_t b) { return v[a] > v[b] || (v[a] == v[b] && a < b); });
+// Marks the k largest of v[0, len) in the bitset `bits` (ties: lower index
+// first) and returns nothing else. Values are pooled attention scores: finite
+// and >= 0, so their IEEE bits order like the values. A radix select: a
+// histogram of the top 11 magnitude bits finds the bucket holding the k-th largest, an
+// nth_element among that bucket's keys finds it exactly, and one ordered scan
+// marks everything above it plus the first ties. `scratch` is reused.
+void select_top(const float* v, std::int64_t len, std::int64_t k, std::uint64_t* bits,
+                std::vector<std::uint32_t>& scratch) {
+  if (k <= 0) return;
+  if (k >= len) {
+    for (std::int64_t i = 0; i < len; ++i) bits[i / 64] |= std::uint64_t{1} << (i % 64);
+    return;
+  }
+  constexpr int kShift = 20;  // 2048 buckets of the top 11 magnitude bits
+  std::uint32_t hist[2048] = {};
+  // Keys: the bits without the sign, so that -0.0 ranks as 0.
+  const auto* raw = reinterpret_cast<const std::uint32_t*>(v);
+  constexpr std::uint32_t kAbs = 0x7fffffffu;
+  for (std::int64_t i = 0; i < len; ++i) ++hist[(raw[i] & kAbs) >> kShift];
+  std::int64_t above = 0;
+  int bucket = 2047;
+  for (; bucket > 0 && above + hist[bucket] < static_cast<std::uint64_t>(k); --bucket) above += hist[bucket];
+  // The k-th largest is the (k - above)-th largest key inside `bucket`.
+  scratch.clear();
+  for (std::int64_t i = 0; i < len; ++i) {
+    if (static_cast<int>((raw[i] & kAbs) >> kShift) == bucket) scratch.push_back(raw[i] & kAbs);
+  }
+  const std::int64_t rank = k - above;  // 1-based within the bucket
+  std::nth_element(scratch.begin(), scratch.begin() + (rank - 1), scratch.end(), std::greater<>());
+  const std::uint32_t threshold = scratch[rank - 1];
+  std::int64_t greater = above;
+  for (std::uint32_t key : scratch) greater += key > threshold;
+  // Everything above the threshold, 64 positions per word...
+  const std::int64_t full = len / 64;
+  for (std::int64_t w = 0; w < full; ++w) {
+    std::uint64_t word = 0;
+    for (int b = 0; b < 64; ++b) word |= static_cast<std::uint64_t>((raw[w * 64 + b] & kAbs) > threshold) << b;
+    bits[w] |= word;
+  }
+  for (std::int64_t i = full * 64; i < len; ++i) {
+    bits[i / 64] |= static_cast<std::uint64_t>((raw[i] & kAbs) > threshold) << (i % 64);
+  }
+  // ...then the first ties, in position order.
+  std::int64_t ties = k - greater;
+  for (std::int64_t i = 0; i < len && ties > 0; ++i) {
+    if ((raw[i] & kAbs) == threshold) {
+      bits[i / 64] |= std::uint64_t{1} << (i % 64);
+      --ties;
+    }
+  }
 }
 
 inline std::int64_t and_count(const std::uint64_t* a, const std::uint64_t* b, std::int64_t words) {
@@ -79,10 +143,16 @@ inline std::int64_t and_count(const std::uint64_t* a, const std::uint64_t* b, st
 
 std::vector<std::int32_t> top_k(const float* row, std::int64_t len, std::int64_t k) {
   k = std::clamp<std::int64_t>(k, 0, len);
+  for (std::int64_t i = 0; i < len; ++i) {
+    KVCAL_CHECK(std::isfinite(row[i]) && row[i] >= 0, "top_k: value {} at {} is not finite and >= 0", row[i], i);
+  }
+  std::vector<std::uint64_t> bits(static_cast<std::size_t>((len + 63) / 64), 0);
+  std::vector<std::uint32_t> scratch;
+  select_top(row, len, k, bits.data(), scratch);
   std::vector<std::int32_t> idx;
-  select_top(row, len, k, idx);
-  idx.resize(static_cast<std::size_t>(k));
-  std::sort(idx.begin(), idx.end());
+  for (std::int64_t i = 0; i < len; ++i) {
+    if ((bits[i / 64] >> (i % 64)) & 1) idx.push_back(static_cast<std::int32_t>(i));
+  }
   return idx;
 }
 
@@ -159,12 +229,11 @@ LayerOverlaps layer_overlaps(const LayerAttention& a, const OverlapOptions& o) {
   std::vector<std::int64_t> pre_k(static_cast<std::size_t>(H));
   {
     std::vector<float> pooled(static_cast<std::size_t>(n));
-    std::vector<std::int32_t> idx;
+    std::vector<std::uint32_t> scratch;
     for (std::int64_t h = 0; h < H; ++h) {
       average_pool(a.prefill.data() + h * n, n, o.pool_kernel, pooled.data());
       const std::int64_t k = topk_for_row(n, o);
-      select_top(pooled.data(), n, k, idx);
-      for (std::int64_t i = 0; i < k; ++i) pre[h * words + idx[i] / 64] |= std::uint64_t{1} << (idx[i] % 64);
+      select_top(pooled.data(), n, k, pre.data() + h * words, scratch);
       pre_k[h] = k;
     }
   }
@@ -174,7 +243,7 @@ LayerOverlaps layer_overlaps(const LayerAttention& a, const OverlapOptions& o) {
 #pragma omp parallel num_threads(threads) if (T * H * width > 100000)
   {
     std::vector<float> pooled(static_cast<std::size_t>(width));
-    std::vector<std::int32_t> idx;
+    std::vector<std::uint32_t> scratch;
     std::vector<std::uint64_t> sets(static_cast<std::size_t>(H * words));
 #pragma omp for schedule(dynamic, 1)
     for (std::int64_t t = 0; t < T; ++t) {
@@ -182,9 +251,8 @@ LayerOverlaps layer_overlaps(const LayerAttention& a, const OverlapOptions& o) {
       std::fill(sets.begin(), sets.end(), 0);
       for (std::int64_t h = 0; h < H; ++h) {
         average_pool(a.decode.data() + (t * H + h) * width, len, o.pool_kernel, pooled.data());
-        select_top(pooled.data(), len, k, idx);
         std::uint64_t* s = sets.data() + h * words;
-        for (std::int64_t i = 0; i < k; ++i) s[idx[i] / 64] |= std::uint64_t{1} << (idx[i] % 64);
+        select_top(pooled.data(), len, k, s, scratch);
         stab[t * H + h] = static_cast<double>(and_count(s, pre.data() + h * words, words)) /
                           static_cast<double>(std::min(k, pre_k[h]));
       }
