@@ -5,7 +5,7 @@
 #  (a) h5py merely reading every prefill and decode dataset, layer by layer
 #      (the access pattern of both profilers; float16 as stored, no conversion);
 #  (b) the NumPy reference, scripts/profile_heads_reference.py;
-#  (c) kvcal profile-heads --threads 2.
+#  (c) kvcal profile-heads (default threads: all cores but one; THREADS overrides).
 # Each figure is attention-score bytes (total bytes of the prefill and decode
 # datasets) per wall-clock second of one fresh process (interpreter start and
 # imports included for the Python ones; kvcal's includes the SHA-256 of the dump
@@ -13,14 +13,14 @@
 # read a warm file from the page cache (it must fit in RAM).
 #
 # Builds nothing: uses $KVCAL, else build/release/bin/kvcal (scripts/build.sh release).
-# Environment: KVCAL, PYTHON (python3), THREADS (2), REPEAT (1: timed runs of
+# Environment: KVCAL, PYTHON (python3), THREADS (0: kvcal default), REPEAT (1: timed runs of
 # each, median reported), BENCH_DUMP (out/bench/heads_dump.h5), PROFILE_OPTS
 # (options of both profilers, default "--topk 1024 --pool 5").
 set -euo pipefail
 cd "$(dirname "$0")/.."
 python=${PYTHON:-python3}
 kvcal=${KVCAL:-build/release/bin/kvcal}
-threads=${THREADS:-2}
+threads=${THREADS:-0}
 repeat=${REPEAT:-1}
 out=out/bench
 dump=${BENCH_DUMP:-$out/heads_dump.h5}
