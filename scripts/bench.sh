@@ -28,9 +28,13 @@ echo "== (b) as a user runs it: kvcal mask-gen + exact certificate, wall time an
   --out "$out/b_lift.h5"
 
 echo "== baseline: SciPy lift + svds and dense eigvalsh"
-if ! $python -c "import numpy, scipy" 2>/dev/null; then
-  $python -m pip install -q numpy scipy
+if ! $python -c "import numpy, scipy, h5py" 2>/dev/null; then
+  $python -m pip install -q numpy scipy h5py
 fi
 $python scripts/bench_baseline_scipy.py 32768 4096 128 | tee "$out/scipy_b.jsonl"
 $python scripts/bench_baseline_scipy.py 96 128 4 --no-dense | tee "$out/scipy_a.jsonl"
+echo "== profile-heads on a synthetic dump of >= 1 GB against the NumPy reference and a plain h5py read"
+KVCAL=build/release/bin/kvcal PYTHON=$python bash scripts/bench_profile_heads.sh
+echo "== token entropy/varentropy, V = 128,256, against NumPy and the memory-read bandwidth"
+$python scripts/bench_entropy.py --bench build/release/bin/bench_entropy
 echo "Results in $out/"

@@ -9,5 +9,7 @@ case "$kind" in
   asan)    flags=(-DCMAKE_BUILD_TYPE=RelWithDebInfo -DKVCAL_SANITIZE=ON -DKVCAL_BUILD_BENCHMARKS=OFF) ;;
   *) echo "usage: scripts/build.sh [release|asan]" >&2; exit 2 ;;
 esac
-cmake -S . -B "build/$kind" -G Ninja "${flags[@]}" >/dev/null
+# The Python tests and scripts use this interpreter (PYTHON overrides).
+python=$(command -v "${PYTHON:-python3}")
+cmake -S . -B "build/$kind" -G Ninja "${flags[@]}" -DPython3_EXECUTABLE="$python" >/dev/null
 cmake --build "build/$kind" -j "$(nproc)"

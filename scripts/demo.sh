@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # The main job on defaults: installs what is missing, builds Release, generates
-# certified expander masks for the HEX block (96 tokens x 128 channels,
-# rho = 1/32) and a long-context shape, re-certifies them, and prints where the
-# results are.
+# certified expander masks (the HEX block of 96 tokens x 128 channels at
+# rho = 1/32, a long-context lift, and a deterministic LPS mask next to a
+# random one), profiles the real SmolLM2 attention dump in data/ into head
+# roles and budgets, calibrates the entropy thresholds on it, re-certifies the
+# masks, writes the plots, and prints where the results are.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh
@@ -22,8 +24,17 @@ timed() { local t0 t1; t0=$(date +%s.%N); "$@"; t1=$(date +%s.%N); printf '   (%
 timed $kvcal mask-gen --method lps --lps-p 5 --lps-q 13 --out "$out/lps_1092x1092.h5"
 timed $kvcal mask-gen --rows 1092 --cols 1092 --row-degree 6 --seed 1 --out "$out/random_1092x1092.h5"
 echo
+echo "== kvcal profile-heads: HeteroCache roles and budgets from real SmolLM2-135M attention (data/)"
+$kvcal profile-heads data/smollm2_attention.h5 --topk-frac 0.1 --budget 0.5 --out "$out/heads.h5"
+${PYTHON:-python3} scripts/plot_heads.py "$out/heads.h5" --out-dir "$out/heads_plots"
+echo
+echo "== kvcal calibrate-entropy: CHESS re-selection thresholds from the same dump (pages of 16 tokens)"
+$kvcal calibrate-entropy data/smollm2_attention.h5 --page-size 16 --percentile 90 --out "$out/entropy.h5"
+${PYTHON:-python3} scripts/plot_entropy.py "$out/entropy.h5" --out "$out/entropy.png"
+echo
 echo "== kvcal mask-certify: every stored claim re-derived from the CSR"
 $kvcal mask-certify "$out/block_96x128.h5" "$out/long_8192x128.h5" "$out/lps_1092x1092.h5" "$out/random_1092x1092.h5"
 echo
-echo "Results in $out/: block_96x128.h5, long_8192x128.h5, lps_1092x1092.h5, random_1092x1092.h5"
+echo "Results in $out/: block_96x128.h5, long_8192x128.h5, lps_1092x1092.h5, random_1092x1092.h5 (masks),"
+echo "  heads.h5 + heads_plots/*.png (head profile), entropy.h5 + entropy.png (re-selection thresholds)"
 echo "(layout: schemas/masks.v1.json; list deterministic shapes with: $kvcal mask-gen --list-lps --max-rows 20000)"

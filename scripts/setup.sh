@@ -1,11 +1,20 @@
 #!/usr/bin/env bash
-# Installs the Debian packages kvcal builds with, when any is missing.
+# Installs what kvcal builds and tests with, when missing: Debian packages,
+# and NumPy, h5py and matplotlib for the Python scripts.
 # Usage: scripts/setup.sh
 set -euo pipefail
 
 packages=(build-essential cmake ninja-build pkg-config
           libeigen3-dev libspectra-dev libboost-graph-dev libhdf5-dev hdf5-tools
           libcli11-dev libfmt-dev libgtest-dev libbenchmark-dev time bc)
+
+# Python packages for the scripts and their tests (NumPy, h5py, matplotlib),
+# installed for the interpreter the build uses (PYTHON, default python3).
+python=${PYTHON:-python3}
+if ! "$python" -c "import numpy, h5py, matplotlib" 2>/dev/null; then
+  echo "setup: installing numpy h5py matplotlib for $python" >&2
+  "$python" -m pip install -q --disable-pip-version-check numpy h5py matplotlib
+fi
 
 missing=()
 for p in "${packages[@]}"; do

@@ -162,6 +162,17 @@ class ProfileReferenceTest(unittest.TestCase):
                       file=sys.stderr)
         self.assertEqual(roles_seen, {1, 2, 3, 4}, "the cases should produce every role")
 
+    def test_real_smollm2_dump(self):
+        """The real SmolLM2-135M dump shipped in data/ (float16, 9 query heads in 3 KV groups)."""
+        real = os.path.join(ROOT, "data", "smollm2_attention.h5")
+        for i, opts in enumerate(["--topk-frac 0.1 --pool 5", "--topk 16 --pool 1 --gqa max --budget 0.6",
+                                  "--topk-frac 0.2 --pool 3 --tau-sim 0.7 --order similar-first"]):
+            with self.subTest(opts=opts):
+                k, r, k_out, r_out = self.profile_both([real], opts, f"real{i}")
+                self.assertEqual(r.returncode, 0, f"reference failed: {r.stderr}")
+                self.assertEqual(k.returncode, 0, f"kvcal failed: {k.stderr}")
+                self.compare(read_heads(k_out), read_heads(r_out), f"data/smollm2_attention.h5 {opts}")
+
     def test_infeasible_budget_fails_in_both(self):
         # Most heads of f16_g3 are full (pivot/volatile) at tau_stable 0.99: budget 0.05 cannot be met.
         k, r, _, _ = self.profile_both(["f16_g3"], "--pool 5 --topk 8 --tau-stable 0.99 --budget 0.05", "budget")
