@@ -11,6 +11,7 @@
 #include "kvcal/io/entropy_calibration.h"
 #include "kvcal/profile/entropy.h"
 #include "synthetic_dump.h"
+#include "temp_dir.h"
 
 namespace kvcal {
 namespace {
@@ -150,17 +151,7 @@ TEST(PageStats, MeanTemporalAndPartialPages) {
   EXPECT_THROW(page_stats(h, v, o, pe, pv), Error);
 }
 
-class EntropyFiles : public ::testing::Test {
- protected:
-  void SetUp() override {
-    dir_ = fs::temp_directory_path() / ("kvcal_ent_" + std::to_string(::getpid()) + "_" +
-                                        ::testing::UnitTest::GetInstance()->current_test_info()->name());
-    fs::create_directories(dir_);
-  }
-  void TearDown() override { fs::remove_all(dir_); }
-  std::string path(const std::string& n) const { return (dir_ / n).string(); }
-  fs::path dir_;
-};
+using EntropyFiles = test::TempDirTest;
 
 // A planted dump (N = 160, T = 3: 163 positions) with logits [163, V].
 std::string logits_dump(const std::string& file, std::int64_t v, bool half, std::uint64_t seed,

@@ -10,26 +10,19 @@
 #include "kvcal/core/error.h"
 #include "kvcal/graph/generate.h"
 #include "kvcal/io/masks.h"
+#include "temp_dir.h"
 
 namespace kvcal {
 namespace {
 namespace fs = std::filesystem;
 
-class IoTest : public ::testing::Test {
+class IoTest : public test::TempDirTest {
  protected:
-  void SetUp() override {
-    dir_ = fs::temp_directory_path() / fs::path("kvcal_io_" + std::to_string(::getpid()) + "_" +
-                                                ::testing::UnitTest::GetInstance()->current_test_info()->name());
-    fs::create_directories(dir_);
-  }
-  void TearDown() override { fs::remove_all(dir_); }
-  std::string path(const std::string& name) const { return (dir_ / name).string(); }
   bool only_file_is(const std::string& name) const {
     int n = 0;
     for (const auto& e : fs::directory_iterator(dir_)) n += e.path().filename() == name ? 1 : 100;
     return n == 1;
   }
-  fs::path dir_;
 };
 
 MaskRecord make_record(const std::string& id, std::uint64_t seed) {

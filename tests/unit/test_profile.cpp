@@ -11,6 +11,7 @@
 #include "kvcal/io/head_profile.h"
 #include "kvcal/profile/heads.h"
 #include "synthetic_dump.h"
+#include "temp_dir.h"
 
 namespace kvcal {
 namespace {
@@ -175,17 +176,7 @@ TEST(Budgets, InverseStabilityAndEdgeCases) {
 
 using test::planted_sample;
 
-class ProfileFiles : public ::testing::Test {
- protected:
-  void SetUp() override {
-    dir_ = fs::temp_directory_path() / ("kvcal_prof_" + std::to_string(::getpid()) + "_" +
-                                        ::testing::UnitTest::GetInstance()->current_test_info()->name());
-    fs::create_directories(dir_);
-  }
-  void TearDown() override { fs::remove_all(dir_); }
-  std::string path(const std::string& n) const { return (dir_ / n).string(); }
-  fs::path dir_;
-};
+using ProfileFiles = test::TempDirTest;
 
 HeadProfileOptions planted_options() {
   HeadProfileOptions o;
