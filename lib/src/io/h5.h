@@ -105,9 +105,8 @@ void read_float_block(hid_t dataset, const std::vector<std::int64_t>& start, con
 // Reads the hyperslab [start, start + count) of a float16 or float32 dataset
 // without conversion: raw binary16 words into `half`, or floats into
 // `single` (float64 is converted to float). Returns true for binary16.
-bool read_raw_float_block(hid_t dataset, const std::vector<std::int64_t>& start,
-                          const std::vector<std::int64_t>& count, std::vector<std::uint16_t>& half,
-                          std::vector<float>& single, const std::string& context);
+bool read_raw_float_block(hid_t dataset, const std::vector<std::int64_t>& start, const std::vector<std::int64_t>& count,
+                          std::vector<std::uint16_t>& half, std::vector<float>& single, const std::string& context);
 
 // IEEE binary16 -> float for n values (exact; F16C when available).
 void halves_to_floats(const std::uint16_t* in, std::int64_t n, float* out);
@@ -115,12 +114,9 @@ void halves_to_floats(const std::uint16_t* in, std::int64_t n, float* out);
 // N-d datasets, optionally chunked and compressed (chunk empty: contiguous).
 void write_dataset(hid_t loc, const std::string& name, const std::vector<std::int64_t>& dims, const float* data,
                    const std::vector<std::int64_t>& chunk = {});
-void write_dataset(hid_t loc, const std::string& name, const std::vector<std::int64_t>& dims,
-                   const std::int8_t* data);
-void write_dataset(hid_t loc, const std::string& name, const std::vector<std::int64_t>& dims,
-                   const std::int32_t* data);
-void write_dataset(hid_t loc, const std::string& name, const std::vector<std::int64_t>& dims,
-                   const double* data);
+void write_dataset(hid_t loc, const std::string& name, const std::vector<std::int64_t>& dims, const std::int8_t* data);
+void write_dataset(hid_t loc, const std::string& name, const std::vector<std::int64_t>& dims, const std::int32_t* data);
+void write_dataset(hid_t loc, const std::string& name, const std::vector<std::int64_t>& dims, const double* data);
 // Reads a whole dataset of exactly `dims` elements converted to T (float,
 // double, int8 or int32 memory types; HDF5 converts between numeric types).
 template <typename T>
