@@ -35,6 +35,9 @@ Runner add_mask_gen(CLI::App& app);
 Runner add_mask_certify(CLI::App& app);
 Runner add_profile_heads(CLI::App& app);
 Runner add_calibrate_entropy(CLI::App& app);
+Runner add_bundle(CLI::App& app);
+Runner add_validate(CLI::App& app);
+Runner add_inspect(CLI::App& app);
 
 // Joins argv into one shell-quoted string.
 std::string join_command_line(int argc, char** argv);

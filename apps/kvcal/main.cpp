@@ -18,6 +18,9 @@ constexpr const char* kFooter = R"(Examples:
   kvcal mask-certify masks.h5
   kvcal profile-heads dump.h5 --topk-frac 0.1 --out heads.h5
   kvcal calibrate-entropy dump.h5 --out entropy.h5
+  kvcal bundle --model NAME --masks masks.h5 --heads heads.h5 --entropy entropy.h5 --out NAME.kvcal.h5
+  kvcal validate NAME.kvcal.h5
+  kvcal inspect NAME.kvcal.h5 --json
   kvcal mask-gen --config recipe.toml      (options from a TOML file, section [mask-gen])
 
 Exit status: 0 success, 1 failure (bad input, I/O, a false claim), 2 usage error.
@@ -51,6 +54,9 @@ int main(int argc, char** argv) {
   add(&cli::add_mask_certify);
   add(&cli::add_profile_heads);
   add(&cli::add_calibrate_entropy);
+  add(&cli::add_bundle);
+  add(&cli::add_validate);
+  add(&cli::add_inspect);
 
   std::string which = "kvcal";
   try {

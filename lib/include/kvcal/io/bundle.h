@@ -1,0 +1,43 @@
+// One artifact bundle per model (format "kvcal.bundle", format_version 1;
+// schemas/bundle.v1.json): the masks, the head profile and the entropy
+// thresholds, with provenance and a manifest of checksums, checked before use.
+//
+// Layout: /masks/<id> (the mask layout), /heads (the head profile's root
+// attributes and its /heads datasets), /entropy (the entropy calibration's
+// root attributes and datasets), root attribute `manifest`: JSON with the
+// model, kvcal version, creation time, each part's source, SHA-256, format
+// version and parameters, and the SHA-256 of every dataset's stored bytes.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace kvcal {
+
+inline constexpr const char* kBundleFormat = "kvcal.bundle";
+inline constexpr std::int64_t kBundleFormatVersion = 1;
+
+// What a HuggingFace config.json says about the attention shapes.
+struct ModelConfig {
+  std::int64_t layers = 0;    // num_hidden_layers
+  std::int64_t q_heads = 0;   // num_attention_heads
+  std::int64_t kv_heads = 0;  // num_key_value_heads (default: num_attention_heads)
+  std::int64_t head_dim = 0;  // head_dim (default: hidden_size / num_attention_heads)
+};
+ModelConfig read_model_config(const std::string& path);  // throws kvcal::Error
+
+struct BundleInputs {
+  std::string model;
+  std::vector<std::string> masks;  // kvcal.masks files
+  std::string heads;               // kvcal.head_profile
+  std::string entropy;             // kvcal.entropy_calibration
+  std::string model_config;        // optional config.json
+};
+
+// Validates every input (kvcal validate), checks the shapes against the model
+// config when given, and writes the bundle atomically. Throws kvcal::Error
+// naming the first problem.
+void write_bundle(const std::string& out, const BundleInputs& inputs, const std::string& command_line);
+
+}  // namespace kvcal
