@@ -32,9 +32,20 @@ echo "== kvcal calibrate-entropy: CHESS re-selection thresholds from the same du
 $kvcal calibrate-entropy data/smollm2_attention.h5 --page-size 16 --percentile 90 --out "$out/entropy.h5"
 ${PYTHON:-python3} scripts/plot_entropy.py "$out/entropy.h5" --out "$out/entropy.png"
 echo
+echo "== kvcal mask-gen: a 96x64 mask for SmolLM2's 64-channel heads, rho = 1/16"
+$kvcal mask-gen --rows 96 --cols 64 --sparsity 0.0625 --count 2 --out "$out/smollm2_masks.h5"
+echo
+echo "== kvcal bundle -> validate -> inspect: one checked file for the model"
+$kvcal -q bundle --model SmolLM2-135M-Instruct --masks "$out/smollm2_masks.h5" --heads "$out/heads.h5" \
+  --entropy "$out/entropy.h5" --model-config data/smollm2_config.json --out "$out/smollm2.kvcal.h5" >/dev/null
+$kvcal validate "$out/smollm2.kvcal.h5"
+$kvcal inspect "$out/smollm2.kvcal.h5" | head -12
+echo "   ... (kvcal inspect --json for machines; scripts/kvcal_artifacts.py reads it with h5py alone)"
+echo
 echo "== kvcal mask-certify: every stored claim re-derived from the CSR"
 $kvcal mask-certify "$out/block_96x128.h5" "$out/long_8192x128.h5" "$out/lps_1092x1092.h5" "$out/random_1092x1092.h5"
 echo
 echo "Results in $out/: block_96x128.h5, long_8192x128.h5, lps_1092x1092.h5, random_1092x1092.h5 (masks),"
-echo "  heads.h5 + heads_plots/*.png (head profile), entropy.h5 + entropy.png (re-selection thresholds)"
+echo "  heads.h5 + heads_plots/*.png (head profile), entropy.h5 + entropy.png (re-selection thresholds),"
+echo "  smollm2.kvcal.h5 (the bundle for the model)"
 echo "(layout: schemas/masks.v1.json; list deterministic shapes with: $kvcal mask-gen --list-lps --max-rows 20000)"

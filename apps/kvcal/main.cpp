@@ -1,6 +1,13 @@
 // kvcal: offline calibration and mask synthesis for KV-cache compression.
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
 #include <cstdio>
+#include <cstdlib>
+#include <cstring>
 #include <exception>
+#include <functional>
 #include <map>
 #include <new>
 
@@ -10,6 +17,7 @@
 #include "kvcal/core/error.h"
 #include "kvcal/core/log.h"
 #include "kvcal/core/version.h"
+#include "kvcal/io/temp_files.h"
 
 namespace {
 
@@ -25,6 +33,72 @@ constexpr const char* kFooter = R"(Examples:
 
 Exit status: 0 success, 1 failure (bad input, I/O, a false claim), 2 usage error.
 Run 'kvcal <command> --help' for a command's options.)";
+
+// Runs a command in a child process. Every input is untrusted and the HDF5
+// library (not kvcal) can crash on some damaged files; then the parent removes
+// any temporary file the child left and reports one error line instead of a
+// signal. KVCAL_NO_ISOLATION=1 runs in-process (for debuggers).
+int run_isolated(const std::string& which, const std::function<int()>& command) {
+  const char* off = std::getenv("KVCAL_NO_ISOLATION");
+  int fds[2];
+  if ((off && std::string(off) == "1") || pipe(fds) != 0) return command();
+  std::fflush(stdout);
+  std::fflush(stderr);
+  const pid_t pid = fork();
+  if (pid < 0) {
+    close(fds[0]);
+    close(fds[1]);
+    return command();
+  }
+  if (pid == 0) {
+    close(fds[0]);
+    kvcal::set_temp_file_observer([fd = fds[1]](const std::string& path) {
+      const std::string line = path + "\n";
+      [[maybe_unused]] const auto n = write(fd, line.data(), line.size());
+    });
+    int rc = 1;
+    try {
+      rc = command();
+    } catch (const kvcal::cli::UsageError& e) {
+      std::fprintf(stderr, "%s: %s (run '%s --help')\n", which.c_str(), e.what(), which.c_str());
+      rc = 2;
+    } catch (const kvcal::Error& e) {
+      std::fprintf(stderr, "%s: error: %s\n", which.c_str(), e.what());
+    } catch (const std::bad_alloc&) {
+      std::fprintf(stderr, "%s: error: out of memory (try a smaller shape or fewer threads)\n", which.c_str());
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "%s: internal error: %s\n", which.c_str(), e.what());
+    }
+    std::fflush(stdout);
+    std::fflush(stderr);
+    _exit(rc);
+  }
+  close(fds[1]);
+  std::string temps;
+  char buf[4096];
+  for (ssize_t n; (n = read(fds[0], buf, sizeof buf)) != 0;) {
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      break;
+    }
+    temps.append(buf, static_cast<std::size_t>(n));
+  }
+  close(fds[0]);
+  int status = 0;
+  while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+  }
+  if (WIFEXITED(status)) return WEXITSTATUS(status);
+  std::size_t start = 0;
+  for (std::size_t end; (end = temps.find('\n', start)) != std::string::npos; start = end + 1) {
+    std::remove(temps.substr(start, end - start).c_str());
+  }
+  const int sig = WIFSIGNALED(status) ? WTERMSIG(status) : 0;
+  std::fprintf(stderr,
+               "%s: error: the input could not be read safely (the reader died with signal %d, %s; a damaged "
+               "or hostile file?); nothing was written\n",
+               which.c_str(), sig, strsignal(sig));
+  return 1;
+}
 
 }  // namespace
 
@@ -83,7 +157,7 @@ int main(int argc, char** argv) {
     });
     CLI::App* sub = app.get_subcommands().front();
     which = "kvcal " + sub->get_name();
-    return runners.at(sub)(globals);
+    return run_isolated(which, [&] { return runners.at(sub)(globals); });
   } catch (const cli::UsageError& e) {
     std::fprintf(stderr, "%s: %s (run '%s --help')\n", which.c_str(), e.what(), which.c_str());
     return 2;

@@ -557,6 +557,25 @@ case_calibrate_entropy_bad_input() {
   expect_stderr_has "sample 'sample_0', dataset 'logits': position 3"
 }
 
+# Inputs found by fuzzing that crash inside libhdf5 1.10 (not in kvcal): every
+# command runs in a child process, so the CLI reports an error, never a signal.
+case_hdf5_crash_containment() {
+  local f cmd
+  for f in "$CLI_DIR"/../../fuzz/hdf5_crashes/*; do
+    for cmd in validate inspect mask-certify profile-heads calibrate-entropy; do
+      fresh_dir contain
+      if [[ $cmd == profile-heads || $cmd == calibrate-entropy ]]; then
+        run kvcal -q "$cmd" "$f" --out x.h5
+      else
+        run kvcal "$cmd" "$f"
+      fi
+      [[ $RC -lt 128 && $RC -le 2 ]] || fail_last "$cmd $(basename "$f"): exit $RC"
+      expect_no_file x.h5
+      expect_no_temp_files .
+    done
+  done
+}
+
 # ---------------------------------------------------------------------------
 
 if ! declare -F "case_$CASE" >/dev/null; then

@@ -44,8 +44,8 @@ ModelConfig read_model_config(const std::string& path) {
     c.head_dim = get("head_dim");
   } else {
     const std::int64_t hidden = get("hidden_size");
-    KVCAL_CHECK(hidden % c.q_heads == 0, "{}: hidden_size {} is not a multiple of num_attention_heads {}", path,
-                hidden, c.q_heads);
+    KVCAL_CHECK(hidden % c.q_heads == 0, "{}: hidden_size {} is not a multiple of num_attention_heads {}", path, hidden,
+                c.q_heads);
     c.head_dim = hidden / c.q_heads;
   }
   KVCAL_CHECK(c.q_heads % c.kv_heads == 0, "{}: num_attention_heads {} is not a multiple of num_key_value_heads {}",
@@ -110,8 +110,8 @@ void check_manifest(hid_t file, const std::string& path, std::vector<std::string
     if (it == actual.end()) {
       problems.push_back(fmt::format("{}: manifest lists {}, which the file lacks", path, name));
     } else if (it->second != value.get_value<std::string>()) {
-      problems.push_back(fmt::format("{}: checksum mismatch in {} (SHA-256 {}, manifest {}): the data changed",
-                                     path, name, it->second.substr(0, 16), value.get_value<std::string>().substr(0, 16)));
+      problems.push_back(fmt::format("{}: checksum mismatch in {} (SHA-256 {}, manifest {}): the data changed", path,
+                                     name, it->second.substr(0, 16), value.get_value<std::string>().substr(0, 16)));
     }
   }
   for (const auto& [name, hash] : actual) {
@@ -127,10 +127,18 @@ std::string json_string(const std::string& s) {
   std::string out = "\"";
   for (unsigned char c : s) {
     switch (c) {
-      case '"': out += "\\\""; break;
-      case '\\': out += "\\\\"; break;
-      case '\n': out += "\\n"; break;
-      case '\t': out += "\\t"; break;
+      case '"':
+        out += "\\\"";
+        break;
+      case '\\':
+        out += "\\\\";
+        break;
+      case '\n':
+        out += "\\n";
+        break;
+      case '\t':
+        out += "\\t";
+        break;
       default:
         if (c < 0x20) {
           out += fmt::format("\\u{:04x}", c);
@@ -156,9 +164,9 @@ void copy_attributes(hid_t src_loc, hid_t dst) {
                               H5P_DEFAULT),
                H5Aclose);
     if (!a.valid()) {
-      a = H5Handle(H5Aopen_by_idx(src.get(), ".", H5_INDEX_NAME, H5_ITER_INC, static_cast<hsize_t>(i), H5P_DEFAULT,
-                                  H5P_DEFAULT),
-                   H5Aclose);
+      a = H5Handle(
+          H5Aopen_by_idx(src.get(), ".", H5_INDEX_NAME, H5_ITER_INC, static_cast<hsize_t>(i), H5P_DEFAULT, H5P_DEFAULT),
+          H5Aclose);
     }
     KVCAL_CHECK(a.valid(), "cannot open attribute {}", i);
     char name[256] = {};
@@ -178,8 +186,8 @@ void copy_attributes(hid_t src_loc, hid_t dst) {
 }
 
 void copy_object(hid_t src, const std::string& from, hid_t dst, const std::string& to) {
-  KVCAL_CHECK(H5Ocopy(src, from.c_str(), dst, to.c_str(), H5P_DEFAULT, H5P_DEFAULT) >= 0, "cannot copy {} into the bundle",
-              from);
+  KVCAL_CHECK(H5Ocopy(src, from.c_str(), dst, to.c_str(), H5P_DEFAULT, H5P_DEFAULT) >= 0,
+              "cannot copy {} into the bundle", from);
 }
 
 H5Handle open_read(const std::string& path) {
@@ -220,8 +228,9 @@ void write_bundle(const std::string& out, const BundleInputs& in, const std::str
                 in.heads, heads.q_heads, in.model_config, c.q_heads);
     for (std::size_t i = 0; i < masks.size(); ++i) {
       for (const auto& r : masks[i].masks) {
-        KVCAL_CHECK(r.mask.cols == c.head_dim, "--masks {}: mask '{}' has {} channels, but the head dimension is {} ({})",
-                    in.masks[i], r.id, r.mask.cols, c.head_dim, in.model_config);
+        KVCAL_CHECK(r.mask.cols == c.head_dim,
+                    "--masks {}: mask '{}' has {} channels, but the head dimension is {} ({})", in.masks[i], r.id,
+                    r.mask.cols, c.head_dim, in.model_config);
       }
     }
     config_json = fmt::format(
@@ -248,10 +257,11 @@ void write_bundle(const std::string& out, const BundleInputs& in, const std::str
           copy_object(src.get(), "/masks/" + r.id, g.get(), id);
           ids += (ids.empty() ? "" : ", ") + json_string(id);
         }
-        mask_parts += fmt::format("{}{{\"source\": {}, \"sha256\": \"{}\", \"format\": \"{}\", \"format_version\": {}, "
-                                  "\"masks\": [{}]}}",
-                                  mask_parts.empty() ? "" : ", ", json_string(in.masks[i]), sha256_file(in.masks[i]),
-                                  kMaskFormat, masks[i].format_version, ids);
+        mask_parts += fmt::format(
+            "{}{{\"source\": {}, \"sha256\": \"{}\", \"format\": \"{}\", \"format_version\": {}, "
+            "\"masks\": [{}]}}",
+            mask_parts.empty() ? "" : ", ", json_string(in.masks[i]), sha256_file(in.masks[i]), kMaskFormat,
+            masks[i].format_version, ids);
       }
     }
     {
@@ -272,22 +282,25 @@ void write_bundle(const std::string& out, const BundleInputs& in, const std::str
     std::map<std::string, std::string> hashes;
     detail::hash_datasets(f, "", hashes);
     std::string ds;
-    for (const auto& [name, hash] : hashes) ds += fmt::format("{}{}: \"{}\"", ds.empty() ? "" : ", ", json_string(name), hash);
+    for (const auto& [name, hash] : hashes)
+      ds += fmt::format("{}{}: \"{}\"", ds.empty() ? "" : ", ", json_string(name), hash);
     const std::string manifest = fmt::format(
         "{{\"format\": \"{}\", \"format_version\": {}, \"model\": {}, \"kvcal_version\": \"{}\", "
         "\"created_utc\": {}, \"parts\": {{\"masks\": [{}], "
         "\"heads\": {{\"source\": {}, \"sha256\": \"{}\", \"format\": \"{}\", \"format_version\": {}, \"parameters\": "
-        "{{\"tau_stable\": {}, \"tau_sim\": {}, \"tau_drift\": {}, \"topk\": {}, \"topk_frac\": {}, \"pool_kernel\": {}, "
+        "{{\"tau_stable\": {}, \"tau_sim\": {}, \"tau_drift\": {}, \"topk\": {}, \"topk_frac\": {}, \"pool_kernel\": "
+        "{}, "
         "\"gqa\": \"{}\", \"budget\": {}, \"num_samples\": {}}}}}, "
-        "\"entropy\": {{\"source\": {}, \"sha256\": \"{}\", \"format\": \"{}\", \"format_version\": {}, \"parameters\": "
+        "\"entropy\": {{\"source\": {}, \"sha256\": \"{}\", \"format\": \"{}\", \"format_version\": {}, "
+        "\"parameters\": "
         "{{\"page_size\": {}, \"percentile\": {}, \"unit\": \"{}\", \"page_varentropy\": \"{}\", \"rule\": \"{}\", "
         "\"entropy_threshold\": {}, \"varentropy_threshold\": {}}}}}}}{}, \"datasets\": {{{}}}}}",
         kBundleFormat, kBundleFormatVersion, json_string(in.model), kVersion,
         json_string(detail::read_attr_string(f, "created_utc", out)), mask_parts, json_string(in.heads),
-        sha256_file(in.heads), kHeadProfileFormat, kHeadProfileFormatVersion, o.taxonomy.tau_stable,
-        o.taxonomy.tau_sim, o.tau_drift, o.overlap.topk, o.overlap.topk_frac, o.overlap.pool_kernel, to_string(o.gqa),
-        o.budget.budget, heads.num_samples, json_string(in.entropy), sha256_file(in.entropy), kEntropyFormat,
-        kEntropyFormatVersion, ent.options.page.page_size, ent.options.percentile, to_string(ent.options.unit),
+        sha256_file(in.heads), kHeadProfileFormat, kHeadProfileFormatVersion, o.taxonomy.tau_stable, o.taxonomy.tau_sim,
+        o.tau_drift, o.overlap.topk, o.overlap.topk_frac, o.overlap.pool_kernel, to_string(o.gqa), o.budget.budget,
+        heads.num_samples, json_string(in.entropy), sha256_file(in.entropy), kEntropyFormat, kEntropyFormatVersion,
+        ent.options.page.page_size, ent.options.percentile, to_string(ent.options.unit),
         to_string(ent.options.page.varentropy), to_string(ent.options.rule), ent.entropy_threshold,
         ent.varentropy_threshold, config_json.empty() ? "" : ", \"model_config\": " + config_json, ds);
     detail::write_attr(f, "manifest", manifest);

@@ -1,4 +1,5 @@
 #include "io/h5.h"
+#include "kvcal/io/temp_files.h"
 
 #include <unistd.h>
 
@@ -506,9 +507,24 @@ void write_provenance(hid_t file, const std::string& format, std::int64_t format
   write_attr(file, "created_utc", utc_now());
 }
 
+TempFileObserver& temp_observer() {
+  static TempFileObserver observer;
+  return observer;
+}
+
+}  // namespace kvcal::detail
+
+namespace kvcal {
+void set_temp_file_observer(TempFileObserver observer) { detail::temp_observer() = std::move(observer); }
+}  // namespace kvcal
+
+namespace kvcal::detail {
+
 std::string make_temp_path(const std::string& path) {
   static std::atomic<unsigned> counter{0};
-  return fmt::format("{}.tmp.{}.{}", path, static_cast<long>(getpid()), counter++);
+  std::string tmp = fmt::format("{}.tmp.{}.{}", path, static_cast<long>(getpid()), counter++);
+  if (temp_observer()) temp_observer()(tmp);
+  return tmp;
 }
 
 void check_output_path(const std::string& final_path) {

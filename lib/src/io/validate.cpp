@@ -1,8 +1,9 @@
 #include "kvcal/io/validate.h"
 
 #include <algorithm>
-#include <filesystem>
 #include <cmath>
+#include <filesystem>
+#include <limits>
 #include <map>
 #include <set>
 #include <sstream>
@@ -82,7 +83,7 @@ std::string range_violation(double v, const ptree& spec) {
 bool match_dim(const std::string& expr, std::int64_t actual, Bindings& b) {
   std::istringstream in(expr);
   std::string tok;
-  std::int64_t known = 0;
+  __extension__ __int128 known = 0;  // attribute values may be huge: no overflow
   int sign = 1;
   std::string unknown;
   int unknown_sign = 1;
@@ -102,7 +103,10 @@ bool match_dim(const std::string& expr, std::int64_t actual, Bindings& b) {
     }
   }
   if (!unknown.empty()) {
-    b[unknown] = unknown_sign * (actual - known);
+    const auto value = unknown_sign * (actual - known);
+    if (value >= std::numeric_limits<std::int64_t>::min() && value <= std::numeric_limits<std::int64_t>::max()) {
+      b[unknown] = static_cast<std::int64_t>(value);
+    }
     return true;
   }
   return known == actual;
@@ -111,10 +115,14 @@ bool match_dim(const std::string& expr, std::int64_t actual, Bindings& b) {
 std::string dtype_name(const detail::DatasetInfo& info, hid_t ds) {
   if (info.type_class == H5T_FLOAT) {
     switch (info.float_kind) {
-      case detail::FloatKind::f16: return "float16";
-      case detail::FloatKind::f32: return "float32";
-      case detail::FloatKind::f64: return "float64";
-      default: return "float(other)";
+      case detail::FloatKind::f16:
+        return "float16";
+      case detail::FloatKind::f32:
+        return "float32";
+      case detail::FloatKind::f64:
+        return "float64";
+      default:
+        return "float(other)";
     }
   }
   if (info.type_class == H5T_INTEGER) {
@@ -196,11 +204,16 @@ class Validator {
               problem("{}: attribute '{}' is '{}', not one of {}", where, name, v, fmt::join(allowed, ", "));
             }
           }
-        } else if (type == "int64" || type == "uint64") {
-          const double v = type == "uint64" ? static_cast<double>(detail::read_attr_uint(obj, name, where))
-                                            : static_cast<double>(detail::read_attr_int(obj, name, where));
-          number(v, spec, where, "attribute '" + name + "'");
-          b[name] = static_cast<std::int64_t>(v);
+        } else if (type == "int64") {
+          const std::int64_t v = detail::read_attr_int(obj, name, where);
+          number(static_cast<double>(v), spec, where, "attribute '" + name + "'");
+          b[name] = v;
+        } else if (type == "uint64") {
+          const std::uint64_t v = detail::read_attr_uint(obj, name, where);
+          number(static_cast<double>(v), spec, where, "attribute '" + name + "'");
+          if (v <= static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max())) {
+            b[name] = static_cast<std::int64_t>(v);
+          }
         } else if (type == "float64") {
           const double v = detail::read_attr_double(obj, name, where);
           if (!std::isfinite(v)) problem("{}: attribute '{}' is not finite ({})", where, name, v);
@@ -255,8 +268,8 @@ class Validator {
       if (value_checks && info.elements() <= (std::int64_t{1} << 26)) {
         try {
           const auto v = detail::read_dataset<double>(loc, name, info.dims, where);
-          const bool need_finite = spec.get("finite", false) || spec.get_optional<double>("min") ||
-                                   spec.get_optional<double>("max");
+          const bool need_finite =
+              spec.get("finite", false) || spec.get_optional<double>("min") || spec.get_optional<double>("max");
           std::int64_t bad = 0, first = -1;
           for (std::size_t i = 0; i < v.size(); ++i) {
             const bool ok = need_finite ? std::isfinite(v[i]) && range_violation(v[i], spec).empty()
@@ -301,7 +314,8 @@ void check_mask_groups(hid_t masks, const std::string& where, std::vector<std::s
         continue;
       }
       m.indptr = detail::read_int64_1d(g.get(), "indptr", ctx, m.rows + 1);
-      m.indices = detail::read_int32_1d(g.get(), "indices", ctx, std::min<std::int64_t>(m.rows * m.cols, std::int64_t{1} << 36));
+      m.indices = detail::read_int32_1d(g.get(), "indices", ctx,
+                                        std::min<std::int64_t>(m.rows * m.cols, std::int64_t{1} << 36));
       const StructureReport r = check_structure(m, false);
       for (const auto& p : r.problems) problems.push_back(ctx + ": " + p);
       if (!r.ok()) continue;
@@ -309,11 +323,12 @@ void check_mask_groups(hid_t masks, const std::string& where, std::vector<std::s
       const std::int64_t d2 = detail::read_attr_int(g.get(), "col_degree", ctx);
       const bool bireg = detail::read_attr_int(g.get(), "biregular", ctx) != 0;
       if (r.row_degree_min != r.row_degree_max || d1 != r.row_degree_max) {
-        problems.push_back(fmt::format("{}: row_degree is {} but rows hold {}..{} ones", ctx, d1, r.row_degree_min,
-                                       r.row_degree_max));
+        problems.push_back(
+            fmt::format("{}: row_degree is {} but rows hold {}..{} ones", ctx, d1, r.row_degree_min, r.row_degree_max));
       }
       if (d2 != r.col_degree_max) {
-        problems.push_back(fmt::format("{}: col_degree is {} but the largest column holds {}", ctx, d2, r.col_degree_max));
+        problems.push_back(
+            fmt::format("{}: col_degree is {} but the largest column holds {}", ctx, d2, r.col_degree_max));
       }
       if (bireg != r.biregular) {
         problems.push_back(fmt::format("{}: biregular is {} but column degrees are {}..{}", ctx, int{bireg},
@@ -345,7 +360,8 @@ void check_heads(hid_t attrs, hid_t data, const std::string& where, std::vector<
         if (r == 4 && (p < 0 || p >= H || role[l * H + p] != 3)) {
           problems.push_back(at + fmt::format(": a satellite of {}, which is not a pivot of the layer", p));
         }
-        if ((r == 1 || r == 2) && p != -1) problems.push_back(at + fmt::format(": pivot {} on a non-clustered head", p));
+        if ((r == 1 || r == 2) && p != -1)
+          problems.push_back(at + fmt::format(": pivot {} on a non-clustered head", p));
         if ((r == 2 || r == 3) && budget[i] != 1.0) {
           problems.push_back(at + fmt::format(": a full head (role {}) with budget_ratio {}", r, budget[i]));
         }
@@ -463,50 +479,92 @@ struct Json {
   std::string str;
   bool flag = false;
   std::vector<Json> items;
-  std::vector<std::pair<std::string, Json>> fields;
+  std::vector<std::string> keys;  // object members, in order (parallel to `values`)
+  std::vector<Json> values;
 
-  static Json of(double v) { Json j; j.kind = number; j.num = v; return j; }
+  static Json of(double v) {
+    Json j;
+    j.kind = number;
+    j.num = v;
+    return j;
+  }
   static Json of(std::int64_t v) { return of(static_cast<double>(v)); }
-  static Json of(const std::string& v) { Json j; j.kind = string; j.str = v; return j; }
+  static Json of(const std::string& v) {
+    Json j;
+    j.kind = string;
+    j.str = v;
+    return j;
+  }
   static Json of(const char* v) { return of(std::string(v)); }
-  static Json of(bool v) { Json j; j.kind = boolean; j.flag = v; return j; }
-  static Json arr() { Json j; j.kind = array; return j; }
-  static Json obj() { Json j; j.kind = object; return j; }
-  Json& set(const std::string& k, Json v) { fields.emplace_back(k, std::move(v)); return *this; }
-  Json& push(Json v) { items.push_back(std::move(v)); return *this; }
+  static Json of(bool v) {
+    Json j;
+    j.kind = boolean;
+    j.flag = v;
+    return j;
+  }
+  static Json arr() {
+    Json j;
+    j.kind = array;
+    return j;
+  }
+  static Json obj() {
+    Json j;
+    j.kind = object;
+    return j;
+  }
+  Json& set(const std::string& k, Json v) {
+    keys.push_back(k);
+    values.push_back(std::move(v));
+    return *this;
+  }
+  Json& push(Json v) {
+    items.push_back(std::move(v));
+    return *this;
+  }
   const Json* get(const std::string& k) const {
-    for (const auto& [key, v] : fields) if (key == k) return &v;
+    for (std::size_t i = 0; i < keys.size(); ++i) {
+      if (keys[i] == k) return &values[i];
+    }
     return nullptr;
   }
 
   static std::string quote(const std::string& s) {
     std::string out = "\"";
     for (unsigned char c : s) {
-      if (c == '"' || c == '\\') out += '\\', out += static_cast<char>(c);
-      else if (c == '\n') out += "\\n";
-      else if (c < 0x20) out += fmt::format("\\u{:04x}", c);
-      else out += static_cast<char>(c);
+      if (c == '"' || c == '\\')
+        out += '\\', out += static_cast<char>(c);
+      else if (c == '\n')
+        out += "\\n";
+      else if (c < 0x20)
+        out += fmt::format("\\u{:04x}", c);
+      else
+        out += static_cast<char>(c);
     }
     return out + "\"";
   }
   std::string dump(int indent = 0) const {
     const std::string pad(static_cast<std::size_t>(indent + 2), ' '), end(static_cast<std::size_t>(indent), ' ');
     switch (kind) {
-      case null: return "null";
-      case number: return std::isfinite(num) ? fmt::format("{}", num) : "null";
-      case string: return quote(str);
-      case boolean: return flag ? "true" : "false";
+      case null:
+        return "null";
+      case number:
+        return std::isfinite(num) ? fmt::format("{}", num) : "null";
+      case string:
+        return quote(str);
+      case boolean:
+        return flag ? "true" : "false";
       case array: {
         if (items.empty()) return "[]";
         std::string s = "[\n";
-        for (std::size_t i = 0; i < items.size(); ++i) s += pad + items[i].dump(indent + 2) + (i + 1 < items.size() ? ",\n" : "\n");
+        for (std::size_t i = 0; i < items.size(); ++i)
+          s += pad + items[i].dump(indent + 2) + (i + 1 < items.size() ? ",\n" : "\n");
         return s + end + "]";
       }
       case object: {
-        if (fields.empty()) return "{}";
+        if (keys.empty()) return "{}";
         std::string s = "{\n";
-        for (std::size_t i = 0; i < fields.size(); ++i) {
-          s += pad + quote(fields[i].first) + ": " + fields[i].second.dump(indent + 2) + (i + 1 < fields.size() ? ",\n" : "\n");
+        for (std::size_t i = 0; i < keys.size(); ++i) {
+          s += pad + quote(keys[i]) + ": " + values[i].dump(indent + 2) + (i + 1 < keys.size() ? ",\n" : "\n");
         }
         return s + end + "}";
       }
@@ -522,9 +580,12 @@ Json attrs_json(hid_t obj, const std::vector<std::string>& names, const std::str
     H5Handle a(H5Aopen(obj, n.c_str(), H5P_DEFAULT), H5Aclose);
     H5Handle t(H5Aget_type(a.get()), H5Tclose);
     const H5T_class_t c = H5Tget_class(t.get());
-    if (c == H5T_STRING) j.set(n, Json::of(detail::read_attr_string(obj, n, ctx)));
-    else if (c == H5T_INTEGER) j.set(n, Json::of(detail::read_attr_int(obj, n, ctx)));
-    else if (c == H5T_FLOAT) j.set(n, Json::of(detail::read_attr_double(obj, n, ctx)));
+    if (c == H5T_STRING)
+      j.set(n, Json::of(detail::read_attr_string(obj, n, ctx)));
+    else if (c == H5T_INTEGER)
+      j.set(n, Json::of(detail::read_attr_int(obj, n, ctx)));
+    else if (c == H5T_FLOAT)
+      j.set(n, Json::of(detail::read_attr_double(obj, n, ctx)));
   }
   return j;
 }
@@ -533,29 +594,30 @@ Json masks_json(hid_t masks, const std::string& ctx) {
   Json list = Json::arr();
   for (const auto& id : detail::list_links(masks)) {
     H5Handle g = detail::open_group(masks, id, ctx);
-    Json m = attrs_json(g.get(), {"rows", "cols", "row_degree", "col_degree", "biregular", "method", "seed", "sigma1",
-                                  "sigma2", "ramanujan_bound", "certificate_margin", "ramanujan", "certificate",
-                                  "failure_probability", "lps_p", "lps_q", "construction", "lifts",
-                                  "certificate_theorem"},
+    Json m = attrs_json(g.get(),
+                        {"rows", "cols", "row_degree", "col_degree", "biregular", "method", "seed", "sigma1", "sigma2",
+                         "ramanujan_bound", "certificate_margin", "ramanujan", "certificate", "failure_probability",
+                         "lps_p", "lps_q", "construction", "lifts", "certificate_theorem"},
                         ctx + "/" + id);
     Json withid = Json::obj();
     withid.set("id", Json::of(id));
-    for (auto& f : m.fields) withid.set(f.first, std::move(f.second));
+    for (std::size_t i = 0; i < m.keys.size(); ++i) withid.set(m.keys[i], std::move(m.values[i]));
     list.push(std::move(withid));
   }
   return list;
 }
 
-const std::vector<std::string> kHeadAttrs = {"model", "num_layers", "num_kv_heads", "num_q_heads", "num_samples",
-                                             "tau_stable", "tau_sim", "tau_drift", "topk", "topk_frac", "pool_kernel",
-                                             "gqa", "budget", "taxonomy_order"};
-const std::vector<std::string> kEntropyAttrs = {"page_size", "percentile", "unit", "page_varentropy", "partial_pages",
-                                                "rule", "entropy_threshold", "varentropy_threshold", "trigger_rate",
-                                                "num_pages", "num_tokens"};
+const std::vector<std::string> kHeadAttrs = {
+    "model",     "num_layers", "num_kv_heads", "num_q_heads", "num_samples", "tau_stable", "tau_sim",
+    "tau_drift", "topk",       "topk_frac",    "pool_kernel", "gqa",         "budget",     "taxonomy_order"};
+const std::vector<std::string> kEntropyAttrs = {
+    "page_size",         "percentile",           "unit",         "page_varentropy", "partial_pages", "rule",
+    "entropy_threshold", "varentropy_threshold", "trigger_rate", "num_pages",       "num_tokens"};
 
 Json heads_json(hid_t attrs, hid_t data, const std::string& ctx) {
   Json j = attrs_json(attrs, kHeadAttrs, ctx);
-  const std::int64_t L = detail::read_attr_int(attrs, "num_layers", ctx), H = detail::read_attr_int(attrs, "num_kv_heads", ctx);
+  const std::int64_t L = detail::read_attr_int(attrs, "num_layers", ctx),
+                     H = detail::read_attr_int(attrs, "num_kv_heads", ctx);
   KVCAL_CHECK(L >= 1 && H >= 1 && L * H <= (std::int64_t{1} << 24), "{}: bad shape", ctx);
   const auto role = detail::read_dataset<std::int32_t>(data, "role", {L, H}, ctx);
   const auto budget = detail::read_dataset<double>(data, "budget_ratio", {L, H}, ctx);
@@ -574,7 +636,10 @@ Json heads_json(hid_t attrs, hid_t data, const std::string& ctx) {
       s += (h ? " " : "") + std::string(r >= 1 && r <= 4 ? names[r] : "?");
       b += budget[l * H + h];
     }
-    layers.push(Json::obj().set("layer", Json::of(l)).set("roles", Json::of(s)).set("mean_budget", Json::of(b / static_cast<double>(H))));
+    layers.push(Json::obj()
+                    .set("layer", Json::of(l))
+                    .set("roles", Json::of(s))
+                    .set("mean_budget", Json::of(b / static_cast<double>(H))));
   }
   j.set("layers", std::move(layers));
   return j;
@@ -606,17 +671,19 @@ Json inspect_json(const std::string& path) {
     for (const auto& name : detail::list_links(root.get())) {
       H5Handle g = detail::open_group(root.get(), name, path);
       Json s = Json::obj().set("name", Json::of(name));
-      if (detail::has_attr(g.get(), "prompt_len")) s.set("prompt_len", Json::of(detail::read_attr_int(g.get(), "prompt_len", path)));
+      if (detail::has_attr(g.get(), "prompt_len"))
+        s.set("prompt_len", Json::of(detail::read_attr_int(g.get(), "prompt_len", path)));
       Json ds = Json::arr();
       for (const auto& d : detail::list_links(g.get())) {
         H5Handle h(H5Oopen(g.get(), d.c_str(), H5P_DEFAULT), H5Oclose);
         if (!h.valid() || H5Iget_type(h.get()) != H5I_DATASET) continue;
         const auto info = detail::dataset_info(h.get());
-        ds.push(Json::obj().set("name", Json::of(d)).set("dtype", Json::of(dtype_name(info, h.get()))).set("shape", [&] {
-          Json a = Json::arr();
-          for (auto x : info.dims) a.push(Json::of(x));
-          return a;
-        }()));
+        ds.push(
+            Json::obj().set("name", Json::of(d)).set("dtype", Json::of(dtype_name(info, h.get()))).set("shape", [&] {
+              Json a = Json::arr();
+              for (auto x : info.dims) a.push(Json::of(x));
+              return a;
+            }()));
       }
       s.set("datasets", std::move(ds));
       samples.push(std::move(s));
@@ -647,18 +714,20 @@ void text_masks(const Json& list, std::string& out) {
   out += fmt::format("  {:<14} {:>13} {:>5} {:>5} {:>7} {:>10} {:>10} {:>10}  {}\n", "mask", "shape", "d1", "d2",
                      "method", "sigma2", "tau", "margin", "certificate");
   for (const auto& m : list.items) {
-    out += fmt::format("  {:<14} {:>13} {:>5} {:>5} {:>7} {:>10} {:>10} {:>10}  {}{}\n", num(m.get("id")),
-                       num(m.get("rows")) + "x" + num(m.get("cols")), num(m.get("row_degree")), num(m.get("col_degree")),
-                       num(m.get("method")), num(m.get("sigma2")), num(m.get("ramanujan_bound")),
-                       num(m.get("certificate_margin")), num(m.get("certificate")),
-                       m.get("certificate_theorem") && m.get("certificate_theorem")->str == "LPS" ? " + LPS theorem" : "");
+    out +=
+        fmt::format("  {:<14} {:>13} {:>5} {:>5} {:>7} {:>10} {:>10} {:>10}  {}{}\n", num(m.get("id")),
+                    num(m.get("rows")) + "x" + num(m.get("cols")), num(m.get("row_degree")), num(m.get("col_degree")),
+                    num(m.get("method")), num(m.get("sigma2")), num(m.get("ramanujan_bound")),
+                    num(m.get("certificate_margin")), num(m.get("certificate")),
+                    m.get("certificate_theorem") && m.get("certificate_theorem")->str == "LPS" ? " + LPS theorem" : "");
   }
 }
 
 void text_heads(const Json& h, std::string& out) {
-  out += fmt::format("  heads: {} layers x {} KV heads ({} query heads), {} samples; tau_stable {}, tau_sim {}, budget {}\n",
-                     num(h.get("num_layers")), num(h.get("num_kv_heads")), num(h.get("num_q_heads")),
-                     num(h.get("num_samples")), num(h.get("tau_stable")), num(h.get("tau_sim")), num(h.get("budget")));
+  out += fmt::format(
+      "  heads: {} layers x {} KV heads ({} query heads), {} samples; tau_stable {}, tau_sim {}, budget {}\n",
+      num(h.get("num_layers")), num(h.get("num_kv_heads")), num(h.get("num_q_heads")), num(h.get("num_samples")),
+      num(h.get("tau_stable")), num(h.get("tau_sim")), num(h.get("budget")));
   const Json* r = h.get("roles");
   out += fmt::format("  roles: {} anchor, {} volatile, {} pivot, {} satellite\n", num(r->get("anchor")),
                      num(r->get("volatile")), num(r->get("pivot")), num(r->get("satellite")));
@@ -669,11 +738,11 @@ void text_heads(const Json& h, std::string& out) {
 }
 
 void text_entropy(const Json& e, std::string& out) {
-  out += fmt::format("  entropy: p{} thresholds H > {} and V > {} ({}), rule {}, pages of {} tokens ({} pages), "
-                     "trigger rate {}\n",
-                     num(e.get("percentile")), num(e.get("entropy_threshold")), num(e.get("varentropy_threshold")),
-                     num(e.get("unit")), num(e.get("rule")), num(e.get("page_size")), num(e.get("num_pages")),
-                     num(e.get("trigger_rate")));
+  out += fmt::format(
+      "  entropy: p{} thresholds H > {} and V > {} ({}), rule {}, pages of {} tokens ({} pages), "
+      "trigger rate {}\n",
+      num(e.get("percentile")), num(e.get("entropy_threshold")), num(e.get("varentropy_threshold")), num(e.get("unit")),
+      num(e.get("rule")), num(e.get("page_size")), num(e.get("num_pages")), num(e.get("trigger_rate")));
 }
 
 }  // namespace

@@ -10,7 +10,7 @@ namespace kvcal {
 
 struct ValidationReport {
   std::string path;
-  std::string format;              // empty when the file is not a kvcal artifact
+  std::string format;  // empty when the file is not a kvcal artifact
   std::int64_t format_version = 0;
   std::vector<std::string> problems;  // every violation found; empty when valid
   bool ok() const { return problems.empty(); }
