@@ -52,12 +52,13 @@ build/libfuzzer/bin/kvcal_fuzz "$out/corpus" -fork=1 -ignore_crashes=1 -ignore_t
   -max_total_time="$seconds" -max_len=131072 -timeout=20 -rss_limit_mb=4096 \
   -artifact_prefix="$out/" >"$out/log" 2>&1
 set -e
-runs=$(grep -oE "exec/s: [0-9]+|#[0-9]+: cov" "$out/log" | tail -1)
-execs=$(grep -oE "^#[0-9]+" "$out/log" | tail -1 | tr -d '#')
+execs=$(grep -oE "^#[0-9]+" "$out/log" | tail -1 | tr -d '#' || true)
 # Classify each crash by where it happened: inside libhdf5, or in kvcal.
 ours=0 hdf5=0
 for c in $(ls "$out" | grep -E "^(crash|leak|timeout|oom)-" || true); do
-  frame=$(build/libfuzzer/bin/kvcal_fuzz "$out/$c" 2>&1 | grep -E "^ +#[0-9]+ " | grep -v -E "interceptor|libc\.so|asan|ubsan" | head -1)
+  frame=$(build/libfuzzer/bin/kvcal_fuzz "$out/$c" 2>&1 | grep -E "^ +#[0-9]+ |runtime error" |
+    grep -v -E "interceptor|libc[.]so|sysdeps|asan|ubsan|in malloc|operator new" | head -1 || true)
+  [ -n "$frame" ] || { echo "  $c: does not reproduce on its own"; continue; }
   if echo "$frame" | grep -q "libhdf5"; then
     hdf5=$((hdf5 + 1)); echo "  $c: inside libhdf5: $(echo "$frame" | grep -oE "in [A-Za-z0-9_]+" | head -1)"
   else

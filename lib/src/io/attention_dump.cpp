@@ -60,6 +60,11 @@ AttentionDump::AttentionDump(const std::string& path) : impl_(std::make_unique<I
         KVCAL_CHECK(s.steps >= 1, "{}: no decode steps (T = 0); stability needs at least one", dctx);
       }
     }
+    KVCAL_CHECK(s.steps <= (std::int64_t{1} << 31), "{}: {} decode steps is out of range", ctx, s.steps);
+    const std::int64_t layer_values = s.steps * s.heads * (s.prompt_len + s.steps);
+    KVCAL_CHECK(s.heads <= 4096 && layer_values <= (std::int64_t{1} << 34),
+                "{}: one layer holds {} x {} x {} scores, more than kvcal reads at once", ctx, s.steps, s.heads,
+                s.prompt_len + s.steps);
     KVCAL_CHECK(s.heads == q_heads_ || s.heads == kv_heads_,
                 "{}: {} heads, but the root says num_q_heads = {} and num_kv_heads = {}", ctx, s.heads, q_heads_,
                 kv_heads_);

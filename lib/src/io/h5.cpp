@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <limits>
 #if defined(__F16C__) && defined(__AVX__)
 #include <immintrin.h>
 #endif
@@ -278,8 +279,11 @@ std::vector<std::int32_t> read_int32_1d(hid_t loc, const std::string& name, cons
 }
 
 std::int64_t DatasetInfo::elements() const {
+  // Dimensions come from untrusted files: saturate instead of overflowing.
   std::int64_t n = 1;
-  for (auto d : dims) n *= d;
+  for (auto d : dims) {
+    if (d < 0 || __builtin_mul_overflow(n, d, &n)) return std::numeric_limits<std::int64_t>::max();
+  }
   return n;
 }
 
@@ -313,7 +317,10 @@ DatasetInfo dataset_info(hid_t dataset) {
   if (rank > 0 && rank <= 8) {
     hsize_t dims[8];
     H5Sget_simple_extent_dims(space.get(), dims, nullptr);
-    for (int i = 0; i < rank; ++i) info.dims.push_back(static_cast<std::int64_t>(dims[i]));
+    for (int i = 0; i < rank; ++i) {
+      info.dims.push_back(static_cast<std::int64_t>(
+          std::min<hsize_t>(dims[i], static_cast<hsize_t>(std::numeric_limits<std::int64_t>::max()))));
+    }
   }
   return info;
 }
