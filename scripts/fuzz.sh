@@ -57,7 +57,7 @@ execs=$(grep -oE "^#[0-9]+" "$out/log" | tail -1 | tr -d '#' || true)
 ours=0 hdf5=0
 for c in $(ls "$out" | grep -E "^(crash|leak|timeout|oom)-" || true); do
   frame=$(build/libfuzzer/bin/kvcal_fuzz "$out/$c" 2>&1 | grep -E "^ +#[0-9]+ |runtime error" |
-    grep -v -E "interceptor|libc[.]so|sysdeps|asan|ubsan|in malloc|operator new" | head -1 || true)
+    grep -v -E "interceptor|libc[.]so|sysdeps|asan|ubsan|sanitizer|fuzzer::|in malloc|in strdup|operator new" | head -1 || true)
   [ -n "$frame" ] || { echo "  $c: does not reproduce on its own"; continue; }
   if echo "$frame" | grep -q "libhdf5"; then
     hdf5=$((hdf5 + 1)); echo "  $c: inside libhdf5: $(echo "$frame" | grep -oE "in [A-Za-z0-9_]+" | head -1)"

@@ -344,7 +344,7 @@ void check_heads(hid_t attrs, hid_t data, const std::string& where, std::vector<
   try {
     const std::int64_t L = detail::read_attr_int(attrs, "num_layers", where);
     const std::int64_t H = detail::read_attr_int(attrs, "num_kv_heads", where);
-    if (L < 1 || H < 1 || L * H > (std::int64_t{1} << 24)) return;  // the schema pass reported it
+    if (L < 1 || H < 1 || L > 4096 || H > 4096) return;  // the schema pass reported it
     const auto role = detail::read_dataset<std::int32_t>(data, "role", {L, H}, where);
     const auto pivot = detail::read_dataset<std::int32_t>(data, "pivot", {L, H}, where);
     const auto budget = detail::read_dataset<double>(data, "budget_ratio", {L, H}, where);
@@ -618,7 +618,7 @@ Json heads_json(hid_t attrs, hid_t data, const std::string& ctx) {
   Json j = attrs_json(attrs, kHeadAttrs, ctx);
   const std::int64_t L = detail::read_attr_int(attrs, "num_layers", ctx),
                      H = detail::read_attr_int(attrs, "num_kv_heads", ctx);
-  KVCAL_CHECK(L >= 1 && H >= 1 && L * H <= (std::int64_t{1} << 24), "{}: bad shape", ctx);
+  KVCAL_CHECK(L >= 1 && H >= 1 && L <= 4096 && H <= 4096, "{}: {} layers x {} heads is out of range", ctx, L, H);
   const auto role = detail::read_dataset<std::int32_t>(data, "role", {L, H}, ctx);
   const auto budget = detail::read_dataset<double>(data, "budget_ratio", {L, H}, ctx);
   static const char* names[] = {"", "anchor", "volatile", "pivot", "satellite"};
