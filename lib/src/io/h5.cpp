@@ -101,8 +101,7 @@ std::string utc_now() {
 
 }  // namespace
 
-H5Handle open_artifact(const std::string& path, const std::string& expected_format, std::int64_t max_version,
-                       std::int64_t* version) {
+H5Handle open_any_artifact(const std::string& path, std::string* format) {
   h5_init();
   std::error_code ec;
   KVCAL_CHECK(fs::exists(path, ec), "{}: no such file", path);
@@ -112,10 +111,16 @@ H5Handle open_artifact(const std::string& path, const std::string& expected_form
   KVCAL_CHECK(is_h5 > 0, "{}: not an HDF5 file (wrong file, or damaged header)", path);
   H5Handle file(H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT), H5Fclose);
   KVCAL_CHECK(file.valid(), "{}: cannot open the HDF5 file (truncated or corrupted?)", path);
-  KVCAL_CHECK(has_attr(file.get(), "format"),
-              "{}: an HDF5 file but not a kvcal artifact (no root attribute 'format'); expected '{}'", path,
-              expected_format);
-  const std::string format = read_attr_string(file.get(), "format", path);
+  KVCAL_CHECK(has_attr(file.get(), "format"), "{}: an HDF5 file but not a kvcal artifact (no root attribute 'format')",
+              path);
+  *format = read_attr_string(file.get(), "format", path);
+  return file;
+}
+
+H5Handle open_artifact(const std::string& path, const std::string& expected_format, std::int64_t max_version,
+                       std::int64_t* version) {
+  std::string format;
+  H5Handle file = open_any_artifact(path, &format);
   KVCAL_CHECK(format == expected_format, "{}: a '{}' artifact, but a '{}' file is needed here", path, format,
               expected_format);
   const std::int64_t v = read_attr_int(file.get(), "format_version", path);

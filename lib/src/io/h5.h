@@ -50,6 +50,10 @@ class H5Handle {
 // Opens an existing kvcal artifact for reading; checks it is HDF5 and that its
 // root attribute `format` equals expected_format and `format_version` is
 // at most max_version. Returns the file handle; sets *version.
+// Opens any kvcal artifact (an HDF5 file with a root attribute `format`) and
+// returns it; sets *format.
+H5Handle open_any_artifact(const std::string& path, std::string* format);
+
 H5Handle open_artifact(const std::string& path, const std::string& expected_format, std::int64_t max_version,
                        std::int64_t* version);
 
