@@ -34,6 +34,24 @@ constexpr const char* kFooter = R"(Examples:
 Exit status: 0 success, 1 failure (bad input, I/O, a false claim), 2 usage error.
 Run 'kvcal <command> --help' for a command's options.)";
 
+// Prints the exception in flight as one line on stderr; returns the exit
+// status: 2 for usage errors, 1 for everything else.
+int report_exception(const std::string& which) {
+  try {
+    throw;
+  } catch (const kvcal::cli::UsageError& e) {
+    std::fprintf(stderr, "%s: %s (run '%s --help')\n", which.c_str(), e.what(), which.c_str());
+    return 2;
+  } catch (const kvcal::Error& e) {
+    std::fprintf(stderr, "%s: error: %s\n", which.c_str(), e.what());
+  } catch (const std::bad_alloc&) {
+    std::fprintf(stderr, "%s: error: out of memory (try a smaller shape or fewer threads)\n", which.c_str());
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "%s: internal error: %s\n", which.c_str(), e.what());
+  }
+  return 1;
+}
+
 // Runs a command in a child process. Every input is untrusted and the HDF5
 // library (not kvcal) can crash on some damaged files; then the parent removes
 // any temporary file the child left and reports one error line instead of a
@@ -59,15 +77,8 @@ int run_isolated(const std::string& which, const std::function<int()>& command) 
     int rc = 1;
     try {
       rc = command();
-    } catch (const kvcal::cli::UsageError& e) {
-      std::fprintf(stderr, "%s: %s (run '%s --help')\n", which.c_str(), e.what(), which.c_str());
-      rc = 2;
-    } catch (const kvcal::Error& e) {
-      std::fprintf(stderr, "%s: error: %s\n", which.c_str(), e.what());
-    } catch (const std::bad_alloc&) {
-      std::fprintf(stderr, "%s: error: out of memory (try a smaller shape or fewer threads)\n", which.c_str());
-    } catch (const std::exception& e) {
-      std::fprintf(stderr, "%s: internal error: %s\n", which.c_str(), e.what());
+    } catch (...) {
+      rc = report_exception(which);
     }
     std::fflush(stdout);
     std::fflush(stderr);
@@ -158,15 +169,7 @@ int main(int argc, char** argv) {
     CLI::App* sub = app.get_subcommands().front();
     which = "kvcal " + sub->get_name();
     return run_isolated(which, [&] { return runners.at(sub)(globals); });
-  } catch (const cli::UsageError& e) {
-    std::fprintf(stderr, "%s: %s (run '%s --help')\n", which.c_str(), e.what(), which.c_str());
-    return 2;
-  } catch (const Error& e) {
-    std::fprintf(stderr, "%s: error: %s\n", which.c_str(), e.what());
-  } catch (const std::bad_alloc&) {
-    std::fprintf(stderr, "%s: error: out of memory (try a smaller shape or fewer threads)\n", which.c_str());
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "%s: internal error: %s\n", which.c_str(), e.what());
+  } catch (...) {
+    return report_exception(which);
   }
-  return 1;
 }

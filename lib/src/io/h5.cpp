@@ -414,29 +414,6 @@ bool read_raw_float_block(hid_t dataset, const std::vector<std::int64_t>& start,
   return is_half;
 }
 
-void read_float_block(hid_t dataset, const std::vector<std::int64_t>& start, const std::vector<std::int64_t>& count,
-                      float* out, const std::string& context) {
-  const DatasetInfo info = dataset_info(dataset);
-  std::int64_t total = 1;
-  for (auto c : count) total *= c;
-  H5Handle mem_space;
-  H5Handle file_space = select_block(dataset, start, count, mem_space, context);
-  if (total == 0) return;
-  herr_t status = -1;
-  if (info.float_kind == FloatKind::f16) {
-    // Raw 16-bit read (no HDF5 conversion), then an exact conversion here.
-    std::vector<std::uint16_t> raw(static_cast<std::size_t>(total));
-    H5Handle type(H5Dget_type(dataset), H5Tclose);
-    status = H5Dread(dataset, type.get(), mem_space.get(), file_space.get(), H5P_DEFAULT, raw.data());
-    if (status >= 0) halves_to_floats(raw.data(), total, out);
-  } else if (info.float_kind == FloatKind::f32 || info.float_kind == FloatKind::f64) {
-    status = H5Dread(dataset, H5T_NATIVE_FLOAT, mem_space.get(), file_space.get(), H5P_DEFAULT, out);
-  } else {
-    fail("{}: must be float16, float32 or float64", context);
-  }
-  KVCAL_CHECK(status >= 0, "{}: cannot read (file truncated or corrupted?)", context);
-}
-
 namespace {
 template <typename T>
 void write_nd(hid_t loc, const std::string& name, const std::vector<std::int64_t>& dims, const T* data, hid_t mem_type,

@@ -99,13 +99,6 @@ struct DatasetInfo {
 H5Handle open_dataset(hid_t loc, const std::string& name, const std::string& context);
 DatasetInfo dataset_info(hid_t dataset);
 
-// Reads the hyperslab [start, start + count) of a float16, float32 or float64
-// dataset into `out` (row-major, count's product elements) as float. float16
-// is read raw and converted here (IEEE binary16), which HDF5 would otherwise
-// do slowly in software.
-void read_float_block(hid_t dataset, const std::vector<std::int64_t>& start, const std::vector<std::int64_t>& count,
-                      float* out, const std::string& context);
-
 // Reads the hyperslab [start, start + count) of a float16 or float32 dataset
 // without conversion: raw binary16 words into `half`, or floats into
 // `single` (float64 is converted to float). Returns true for binary16.
