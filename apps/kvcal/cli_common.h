@@ -38,6 +38,7 @@ Runner add_calibrate_entropy(CLI::App& app);
 Runner add_bundle(CLI::App& app);
 Runner add_validate(CLI::App& app);
 Runner add_inspect(CLI::App& app);
+Runner add_eval_fidelity(CLI::App& app);
 
 // Joins argv into one shell-quoted string.
 std::string join_command_line(int argc, char** argv);

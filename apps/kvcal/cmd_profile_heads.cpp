@@ -16,6 +16,7 @@ namespace {
 struct Options {
   std::vector<std::string> dumps;
   std::string out, gqa = "mean", order = "appendix";
+  std::int64_t drift_window = 8;
   double tau_stable = 0.5, tau_sim = 0.5, tau_drift = -1, budget = 0.5, topk_frac = 0;
   std::int64_t topk = 1024, pool = 5;
   int threads = 0;
@@ -48,6 +49,9 @@ int run(const Options& o, const Globals& g) {
   opt.budget.budget = o.budget;
   opt.gqa = parse_gqa_reduce(o.gqa);
   opt.tau_drift = o.tau_drift;
+  opt.drift_window = o.drift_window;
+  KVCAL_CHECK(o.drift_window >= 1 && o.drift_window <= (1 << 20), "--drift-window {} must lie in [1, 2^20]",
+              o.drift_window);
   KVCAL_CHECK(o.tau_drift < 0 || o.tau_drift <= 1, "--tau-drift {} must lie in [0, 1]", o.tau_drift);
   KVCAL_CHECK(o.threads >= 0, "--threads {} must be 0 (all cores) or more", o.threads);
 
@@ -94,6 +98,8 @@ Runner add_profile_heads(CLI::App& app) {
   sub->add_option("--tau-sim", o->tau_sim, "Pairwise-overlap threshold for the similarity graph")
       ->capture_default_str();
   sub->add_option("--tau-drift", o->tau_drift, "Drift threshold stored for the runtime (default: --tau-stable)");
+  sub->add_option("--drift-window", o->drift_window, "Decode steps per drift check stored for the runtime (W)")
+      ->capture_default_str();
   sub->add_option("--topk", o->topk, "Top-k positions per row (clipped to the row)")->capture_default_str();
   sub->add_option("--topk-frac", o->topk_frac, "Top-k as a fraction of the row length, instead of --topk");
   sub->add_option("--pool", o->pool, "Average-pooling kernel over positions (1: none)")->capture_default_str();

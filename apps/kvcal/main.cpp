@@ -18,6 +18,7 @@
 #include "kvcal/core/log.h"
 #include "kvcal/core/version.h"
 #include "kvcal/io/temp_files.h"
+#include "kvcal/runtime/common.h"
 
 namespace {
 
@@ -43,6 +44,8 @@ int report_exception(const std::string& which) {
     std::fprintf(stderr, "%s: %s (run '%s --help')\n", which.c_str(), e.what(), which.c_str());
     return 2;
   } catch (const kvcal::Error& e) {
+    std::fprintf(stderr, "%s: error: %s\n", which.c_str(), e.what());
+  } catch (const kvcal::runtime::Error& e) {
     std::fprintf(stderr, "%s: error: %s\n", which.c_str(), e.what());
   } catch (const std::bad_alloc&) {
     std::fprintf(stderr, "%s: error: out of memory (try a smaller shape or fewer threads)\n", which.c_str());
@@ -142,6 +145,7 @@ int main(int argc, char** argv) {
   add(&cli::add_bundle);
   add(&cli::add_validate);
   add(&cli::add_inspect);
+  add(&cli::add_eval_fidelity);
 
   std::string which = "kvcal";
   try {

@@ -557,6 +557,105 @@ case_calibrate_entropy_bad_input() {
   expect_stderr_has "sample 'sample_0', dataset 'logits': position 3"
 }
 
+# eval-fidelity on the real long sample: every method, the CSV contract, and
+# the orderings that must hold whatever the data (fp16 exact; more bits or
+# more fp16 entries cost more bytes).
+case_eval_fidelity() {
+  local data="$CLI_DIR/../../data"
+  fresh_dir fid
+  expect_exit 0 kvcal -q eval-fidelity --dump "$data/smollm2_long.h5" \
+    --methods fp16,kcvt2,kcvt3,kcvt4,h2o4,expander4,hex2,hex3,hex4,h2o-evict --out r.csv
+  expect_file r.csv
+  expect_stdout_has "1 samples, 30 layers, 9 query / 3 KV heads, head dim 64; block 96, append mode"
+  expect_stdout_has "expander mask 96x64 d1=2 (generated:lift seed"
+  [[ $(head -1 r.csv) == "method,kv_size_pct,rel_err_mean,rel_err_p99,cos_mean,selected_pct,attn_mass,trigger_rate" ]] ||
+    fail "CSV header: $(head -1 r.csv)"
+  [[ $(grep -c '' r.csv) -eq 11 ]] || fail "CSV should have 10 method rows"
+  grep -qx 'fp16,100.0000,0,0,1.00000000,,,' r.csv || fail "fp16 row is not exact: $(grep '^fp16' r.csv)"
+  awk -F, 'NR > 1 { size[$1] = $2; err[$1] = $3; cs[$1] = $5 }
+    END {
+      bad = 0
+      if (!(size["kcvt2"] < size["kcvt3"] && size["kcvt3"] < size["kcvt4"] && size["kcvt4"] < 100)) { print "kcvt sizes"; bad = 1 }
+      if (!(size["hex4"] > size["kcvt4"] && size["h2o4"] > size["kcvt4"] && size["expander4"] > size["kcvt4"])) { print "fp16 entries cost bytes"; bad = 1 }
+      if (!(err["kcvt2"] > err["kcvt3"] && err["kcvt3"] > err["kcvt4"] && err["kcvt4"] > 0)) { print "kcvt errors"; bad = 1 }
+      if (!(err["hex4"] < err["kcvt4"])) { print "hex4 not better than kcvt4"; bad = 1 }
+      if (!(size["h2o-evict"] > 19 && size["h2o-evict"] < 22)) { print "h2o-evict budget"; bad = 1 }
+      for (m in cs) if (cs[m] > 1.000001 || cs[m] < -1) { print "cosine out of range"; bad = 1 }
+      exit bad
+    }' r.csv || fail "eval-fidelity orderings (above)"
+  # Full mode runs, and a single method works without a mask.
+  expect_exit 0 kvcal -q eval-fidelity --dump "$data/smollm2_long.h5" --methods kcvt4 --mode full
+  expect_stdout_has "block 96, full mode"
+  # Short prompts with a smaller block (mask shape 32x64 at 1/16: d1 = 4, d2 = 2).
+  expect_exit 0 kvcal -q eval-fidelity --dump "$data/smollm2_attention.h5" --block 32 --sparsity 0.0625 \
+    --methods fp16,hex4
+  expect_stdout_has "3 samples, 30 layers"
+  expect_no_temp_files .
+}
+
+# The expander mask comes from the bundle when it holds the shape.
+case_eval_fidelity_bundle() {
+  local data="$CLI_DIR/../../data"
+  fresh_dir fidb
+  expect_exit 0 kvcal -q mask-gen --rows 96 --cols 64 --sparsity 0.03125 --method lift --seed 5 --out m.h5
+  expect_exit 0 kvcal -q profile-heads "$data/smollm2_attention.h5" --topk-frac 0.2 --drift-window 4 --out heads.h5
+  expect_exit 0 kvcal -q calibrate-entropy "$data/smollm2_attention.h5" --page-size 16 --out ent.h5
+  expect_exit 0 kvcal -q bundle --model SmolLM2-135M --masks m.h5 --heads heads.h5 --entropy ent.h5 --out b.h5
+  expect_exit 0 kvcal -q eval-fidelity --dump "$data/smollm2_long.h5" --bundle b.h5 \
+    --methods hex4,chess-conservative,chess-aggressive,hetero --out r.csv
+  expect_stdout_has "(bundle:mask_0000)"
+  expect_file r.csv
+  # CHESS rows carry selected_pct and attn_mass, hetero its trigger rate; the
+  # aggressive setting attends fewer pages than the conservative one.
+  awk -F, 'NR > 1 { sel[$1] = $6; mass[$1] = $7; trig[$1] = $8; size[$1] = $2 }
+    END {
+      bad = 0
+      if (!(sel["chess-aggressive"] > 0 && sel["chess-aggressive"] < sel["chess-conservative"] && sel["chess-conservative"] <= 100)) { print "selected_pct"; bad = 1 }
+      if (!(mass["chess-aggressive"] > 0 && mass["chess-aggressive"] <= mass["chess-conservative"] && mass["chess-conservative"] <= 1)) { print "attn_mass"; bad = 1 }
+      if (!(trig["hetero"] != "" && trig["hetero"] >= 0 && trig["hetero"] <= 1)) { print "trigger_rate"; bad = 1 }
+      if (!(size["hetero"] > 0 && size["hetero"] < 100)) { print "hetero size"; bad = 1 }
+      if (sel["hex4"] != "" || trig["hex4"] != "") { print "hex4 has CHESS/hetero columns"; bad = 1 }
+      exit bad
+    }' r.csv || fail "eval-fidelity CHESS/hetero columns (above)"
+  # hetero without a bundle, or with a profile of another shape, is refused.
+  expect_clean_failure kvcal -q eval-fidelity --dump "$data/smollm2_long.h5" --methods hetero
+  # A corrupt bundle is one error line.
+  head -c 3000 b.h5 >trunc.h5
+  expect_clean_failure kvcal -q eval-fidelity --dump "$data/smollm2_long.h5" --bundle trunc.h5 --methods hex4
+}
+
+case_eval_fidelity_bad_input() {
+  make_fixtures
+  local data="$CLI_DIR/../../data" c
+  local -a cmds=(
+    "--dump $FX/dump_good.h5"                          # no queries/keys/values
+    "--dump $FX/dump_format.h5"                        # not an attention dump
+    "--dump $FX/missing.h5"
+    "--dump $data/smollm2_long.h5 --methods hex5"      # unknown method
+    "--dump $data/smollm2_long.h5 --methods hex4,hex4" # listed twice
+    "--dump $data/smollm2_long.h5 --methods ,"
+    "--dump $data/smollm2_long.h5 --block 0"
+    "--dump $data/smollm2_long.h5 --sparsity 2"
+    "--dump $data/smollm2_long.h5 --hh-ratio -1"
+    "--dump $data/smollm2_long.h5 --recent -3"
+    "--dump $data/smollm2_long.h5 --h2o-budget 0"
+    "--dump $data/smollm2_long.h5 --mode sometimes"
+    "--dump $data/smollm2_long.h5 --block 32 --methods hex4"  # 32x64 at 1/32 has d2 = 1: no expander
+    "--dump $data/smollm2_long.h5 --out nodir/r.csv"
+    "--dump $data/smollm2_long.h5 --methods chess-lazy"
+    "--dump $data/smollm2_long.h5 --methods chess-moderate --page-size 0"
+    "--dump $data/smollm2_long.h5 --methods chess-moderate --recent-pages 0"
+    "--dump $data/smollm2_long.h5 --methods hetero --drift-window -1"
+    "--methods fp16"                                   # no --dump
+  )
+  for c in "${cmds[@]}"; do
+    fresh_dir fidbad
+    # shellcheck disable=SC2086
+    expect_clean_failure kvcal -q eval-fidelity $c
+    expect_empty_dir .
+  done
+}
+
 # Inputs found by fuzzing that crash inside libhdf5 1.10 (not in kvcal): every
 # command runs in a child process, so the CLI reports an error, never a signal.
 case_hdf5_crash_containment() {

@@ -15,3 +15,5 @@ cmake -S "$src" -B "$work/build" -G Ninja -DCMAKE_PREFIX_PATH="$work/prefix" -DC
 cmake --build "$work/build" >/dev/null
 "$work/build/consumer" "$work/mask.h5"
 "$work/prefix/bin/kvcal" mask-certify "$work/mask.h5" | tail -1
+test -f "$work/prefix/include/kvcal/runtime/hex.h" || { echo "runtime headers not installed"; exit 1; }
+"$work/build/engine"

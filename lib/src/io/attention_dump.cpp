@@ -9,6 +9,7 @@
 #include <utility>
 
 #include "io/h5.h"
+#include "kvcal/runtime/common.h"
 
 namespace kvcal {
 
@@ -250,6 +251,67 @@ LayerAttention AttentionDump::decode_layer(const RawLayer& raw, GqaReduce gqa, d
 LayerAttention AttentionDump::read_layer(const DumpSample& s, std::int64_t layer, GqaReduce gqa, double tol,
                                          int threads) const {
   return decode_layer(read_raw_layer(s, layer), gqa, tol, threads);
+}
+
+}  // namespace kvcal
+
+namespace kvcal {
+
+std::int64_t AttentionDump::qkv_head_dim(const DumpSample& s) const {
+  const std::string ctx = fmt::format("{}: sample '{}'", path_, s.name);
+  H5Handle g(H5Gopen2(impl_->file.get(), ("samples/" + s.name).c_str(), H5P_DEFAULT), H5Gclose);
+  KVCAL_CHECK(g.valid(), "{}: cannot open the sample group", ctx);
+  int present = 0;
+  for (const char* name : {"queries", "keys", "values"}) present += H5Lexists(g.get(), name, H5P_DEFAULT) > 0;
+  if (present == 0) return 0;
+  KVCAL_CHECK(present == 3, "{}: holds only some of queries, keys and values (record with --qkv)", ctx);
+  std::int64_t dh = -1;
+  for (const char* name : {"queries", "keys", "values"}) {
+    const std::string dctx = fmt::format("{}, dataset '{}'", ctx, name);
+    H5Handle ds = detail::open_dataset(g.get(), name, ctx);
+    const detail::DatasetInfo info = detail::dataset_info(ds.get());
+    KVCAL_CHECK(info.type_class == H5T_FLOAT &&
+                    (info.float_kind == detail::FloatKind::f16 || info.float_kind == detail::FloatKind::f32),
+                "{}: must be float16 or float32", dctx);
+    KVCAL_CHECK(info.dims.size() == 4, "{}: must have rank 4, has {}", dctx, info.dims.size());
+    const bool q = std::string(name) == "queries";
+    const std::vector<std::int64_t> want =
+        q ? std::vector<std::int64_t>{s.steps, layers_, q_heads_, info.dims[3]}
+          : std::vector<std::int64_t>{layers_, kv_heads_, s.prompt_len + s.steps, info.dims[3]};
+    KVCAL_CHECK(info.dims == want, "{}: shape [{}], expected [{}]", dctx, fmt::join(info.dims, ", "),
+                fmt::join(want, ", "));
+    KVCAL_CHECK(info.dims[3] >= 1 && info.dims[3] <= 4096, "{}: head dim {} is out of range", dctx, info.dims[3]);
+    KVCAL_CHECK(dh < 0 || dh == info.dims[3], "{}: head dim {} differs from the other datasets' {}", dctx, info.dims[3],
+                dh);
+    dh = info.dims[3];
+  }
+  return dh;
+}
+
+AttentionDump::QkvLayer AttentionDump::read_qkv_layer(const DumpSample& s, std::int64_t layer) const {
+  KVCAL_CHECK(layer >= 0 && layer < layers_, "layer {} out of range", layer);
+  QkvLayer out;
+  out.head_dim = qkv_head_dim(s);
+  KVCAL_CHECK(out.head_dim > 0, "{}: sample '{}' holds no queries/keys/values (record with --qkv)", path_, s.name);
+  const std::string ctx = fmt::format("{}: sample '{}'", path_, s.name);
+  H5Handle g(H5Gopen2(impl_->file.get(), ("samples/" + s.name).c_str(), H5P_DEFAULT), H5Gclose);
+  KVCAL_CHECK(g.valid(), "{}: cannot open the sample group", ctx);
+  const std::int64_t dh = out.head_dim, S = s.prompt_len + s.steps;
+  const auto read = [&](const char* name, const std::vector<std::int64_t>& start,
+                        const std::vector<std::int64_t>& count, std::vector<std::uint16_t>& dst) {
+    H5Handle ds = detail::open_dataset(g.get(), name, ctx);
+    std::vector<float> single;
+    const bool half =
+        detail::read_raw_float_block(ds.get(), start, count, dst, single, fmt::format("{}, dataset '{}'", ctx, name));
+    if (!half) {
+      dst.resize(single.size());
+      for (std::size_t i = 0; i < single.size(); ++i) dst[i] = runtime::float_to_half(single[i]);
+    }
+  };
+  read("queries", {0, layer, 0, 0}, {s.steps, 1, q_heads_, dh}, out.queries);
+  read("keys", {layer, 0, 0, 0}, {1, kv_heads_, S, dh}, out.keys);
+  read("values", {layer, 0, 0, 0}, {1, kv_heads_, S, dh}, out.values);
+  return out;
 }
 
 }  // namespace kvcal

@@ -307,4 +307,27 @@ void write_bundle(const std::string& out, const BundleInputs& in, const std::str
   });
 }
 
+BundleContents read_bundle(const std::string& path) {
+  BundleContents b;
+  std::int64_t version = 0;
+  H5Handle f = detail::open_artifact(path, kBundleFormat, kBundleFormatVersion, &version);
+  b.model = detail::read_attr_string(f.get(), "model", path);
+  {
+    const std::string where = path + ":/masks";
+    H5Handle g = detail::open_group(f.get(), "masks", path);
+    for (const std::string& id : detail::list_links(g.get())) {
+      b.masks.push_back(detail::read_mask_group(g.get(), id, where, fmt::format("{}/{}", where, id)));
+    }
+  }
+  {
+    H5Handle g = detail::open_group(f.get(), "heads", path);
+    b.heads = detail::read_head_profile(g.get(), g.get(), path + ":/heads", path + ":/heads");
+  }
+  {
+    H5Handle g = detail::open_group(f.get(), "entropy", path);
+    b.entropy = detail::read_entropy_calibration(g.get(), path + ":/entropy");
+  }
+  return b;
+}
+
 }  // namespace kvcal

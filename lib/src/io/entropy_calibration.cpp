@@ -6,6 +6,7 @@
 
 #include <fmt/ranges.h>
 
+#include "io/bundle_internal.h"
 #include "io/h5.h"
 #include "kvcal/core/log.h"
 #include "kvcal/core/sha256.h"
@@ -193,10 +194,13 @@ void write_entropy_calibration(const std::string& path, const EntropyCalibration
 }
 
 EntropyCalibration read_entropy_calibration(const std::string& path) {
-  EntropyCalibration c;
   std::int64_t version = 0;
   H5Handle file = detail::open_artifact(path, kEntropyFormat, kEntropyFormatVersion, &version);
-  const hid_t f = file.get();
+  return detail::read_entropy_calibration(file.get(), path);
+}
+
+EntropyCalibration detail::read_entropy_calibration(hid_t f, const std::string& path) {
+  EntropyCalibration c;
   auto& o = c.options;
   o.page.page_size = detail::read_attr_int(f, "page_size", path);
   o.percentile = detail::read_attr_double(f, "percentile", path);
@@ -223,6 +227,21 @@ EntropyCalibration read_entropy_calibration(const std::string& path) {
   c.page_entropy = detail::read_dataset<double>(f, "page_entropy", {c.num_pages}, path);
   c.page_varentropy = detail::read_dataset<double>(f, "page_varentropy", {c.num_pages}, path);
   return c;
+}
+
+}  // namespace kvcal
+
+namespace kvcal {
+
+std::string read_token_stats(const std::string& path, const std::string& sample, std::int64_t expected,
+                             std::vector<double>& entropy, std::vector<double>& varentropy) {
+  std::int64_t version = 0;
+  H5Handle file = detail::open_artifact(path, kAttentionDumpFormat, kAttentionDumpFormatVersion, &version);
+  H5Handle root = detail::open_group(file.get(), "samples", path);
+  H5Handle g = detail::open_group(root.get(), sample, path);
+  std::string source;
+  sample_token_stats(g.get(), fmt::format("{}: sample '{}'", path, sample), expected, 1, entropy, varentropy, source);
+  return source;
 }
 
 }  // namespace kvcal

@@ -8,6 +8,7 @@
 #if defined(__F16C__) && defined(__AVX__)
 #include <immintrin.h>
 #endif
+#include <cstdio>
 #include <cstring>
 #include <type_traits>
 
@@ -550,3 +551,29 @@ void discard_file(const std::string& tmp_path) {
 }
 
 }  // namespace kvcal::detail
+
+namespace kvcal {
+
+namespace fs = std::filesystem;
+
+void write_text_file(const std::string& path, const std::string& content) {
+  detail::check_output_path(path);
+  const std::string tmp = detail::make_temp_path(path);
+  std::FILE* f = std::fopen(tmp.c_str(), "wx");
+  KVCAL_CHECK(f != nullptr, "cannot create {} (permission denied, disk full or read-only file system?)", path);
+  const bool wrote = std::fwrite(content.data(), 1, content.size(), f) == content.size();
+  const bool closed = std::fclose(f) == 0;
+  std::error_code ec;
+  if (!wrote || !closed) {
+    fs::remove(tmp, ec);
+    fail("cannot write {} (disk full?)", path);
+  }
+  fs::rename(tmp, path, ec);
+  if (ec) {
+    std::error_code ignored;
+    fs::remove(tmp, ignored);
+    fail("cannot move the finished file into place at {}: {}", path, ec.message());
+  }
+}
+
+}  // namespace kvcal

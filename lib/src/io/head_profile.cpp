@@ -9,6 +9,7 @@
 
 #include <fmt/ranges.h>
 
+#include "io/bundle_internal.h"
 #include "io/h5.h"
 #include "kvcal/core/log.h"
 #include "kvcal/core/sha256.h"
@@ -173,6 +174,7 @@ void write_head_profile(const std::string& path, const HeadProfile& p, const std
     detail::write_attr(file, "tau_stable", p.options.taxonomy.tau_stable);
     detail::write_attr(file, "tau_sim", p.options.taxonomy.tau_sim);
     detail::write_attr(file, "tau_drift", p.options.tau_drift);
+    detail::write_attr(file, "drift_window", p.options.drift_window);
     detail::write_attr(file, "topk", p.options.overlap.topk);
     detail::write_attr(file, "topk_frac", p.options.overlap.topk_frac);
     detail::write_attr(file, "pool_kernel", p.options.overlap.pool_kernel);
@@ -192,10 +194,14 @@ void write_head_profile(const std::string& path, const HeadProfile& p, const std
 }
 
 HeadProfile read_head_profile(const std::string& path) {
-  HeadProfile p;
   std::int64_t version = 0;
   H5Handle file = detail::open_artifact(path, kHeadProfileFormat, kHeadProfileFormatVersion, &version);
-  const hid_t f = file.get();
+  H5Handle g = detail::open_group(file.get(), "heads", path);
+  return detail::read_head_profile(file.get(), g.get(), path, path + ": /heads");
+}
+
+HeadProfile detail::read_head_profile(hid_t f, hid_t g, const std::string& path, const std::string& ctx) {
+  HeadProfile p;
   p.model = detail::read_attr_string(f, "model", path);
   p.layers = detail::read_attr_int(f, "num_layers", path);
   p.kv_heads = detail::read_attr_int(f, "num_kv_heads", path);
@@ -207,6 +213,10 @@ HeadProfile read_head_profile(const std::string& path) {
   o.taxonomy.tau_stable = detail::read_attr_double(f, "tau_stable", path);
   o.taxonomy.tau_sim = detail::read_attr_double(f, "tau_sim", path);
   o.tau_drift = detail::read_attr_double(f, "tau_drift", path);
+  // Optional: profiles written before it existed get the default.
+  if (detail::has_attr(f, "drift_window")) o.drift_window = detail::read_attr_int(f, "drift_window", path);
+  KVCAL_CHECK(o.drift_window >= 1 && o.drift_window <= (1 << 20), "{}: drift_window = {} is out of range", path,
+              o.drift_window);
   o.overlap.topk = detail::read_attr_int(f, "topk", path);
   o.overlap.topk_frac = detail::read_attr_double(f, "topk_frac", path);
   o.overlap.pool_kernel = detail::read_attr_int(f, "pool_kernel", path);
@@ -220,15 +230,13 @@ HeadProfile read_head_profile(const std::string& path) {
     p.dump_sha256.push_back(sha.substr(pos, comma - pos));
     pos = comma + 1;
   }
-  H5Handle g = detail::open_group(f, "heads", path);
-  const std::string ctx = path + ": /heads";
   const std::int64_t L = p.layers, H = p.kv_heads;
-  p.stability = detail::read_dataset<float>(g.get(), "stability", {L, H}, ctx);
-  p.similarity = detail::read_dataset<float>(g.get(), "similarity", {L, H}, ctx);
-  p.role = detail::read_dataset<std::int8_t>(g.get(), "role", {L, H}, ctx);
-  p.pivot = detail::read_dataset<std::int32_t>(g.get(), "pivot", {L, H}, ctx);
-  p.budget_ratio = detail::read_dataset<float>(g.get(), "budget_ratio", {L, H}, ctx);
-  p.pairwise = detail::read_dataset<float>(g.get(), "pairwise_overlap", {L, H, H}, ctx);
+  p.stability = detail::read_dataset<float>(g, "stability", {L, H}, ctx);
+  p.similarity = detail::read_dataset<float>(g, "similarity", {L, H}, ctx);
+  p.role = detail::read_dataset<std::int8_t>(g, "role", {L, H}, ctx);
+  p.pivot = detail::read_dataset<std::int32_t>(g, "pivot", {L, H}, ctx);
+  p.budget_ratio = detail::read_dataset<float>(g, "budget_ratio", {L, H}, ctx);
+  p.pairwise = detail::read_dataset<float>(g, "pairwise_overlap", {L, H, H}, ctx);
   return p;
 }
 

@@ -63,6 +63,19 @@ class AttentionDump {
   RawLayer read_raw_layer(const DumpSample& sample, std::int64_t layer) const;
   LayerAttention decode_layer(const RawLayer& raw, GqaReduce gqa, double row_tolerance = 2e-2, int threads = 0) const;
 
+  // Decode queries and all keys/values of one layer (recorded with --qkv),
+  // as IEEE binary16 patterns (float32 datasets are rounded to binary16).
+  struct QkvLayer {
+    std::int64_t head_dim = 0;
+    std::vector<std::uint16_t> queries;       // [T][Hq][Dh]
+    std::vector<std::uint16_t> keys, values;  // [Hkv][N+T][Dh]
+  };
+  // Dh when the sample holds queries, keys and values of consistent shapes;
+  // 0 when it holds none of them; throws kvcal::Error when they are
+  // malformed or only some are present.
+  std::int64_t qkv_head_dim(const DumpSample& sample) const;
+  QkvLayer read_qkv_layer(const DumpSample& sample, std::int64_t layer) const;
+
  private:
   struct Impl;
   std::unique_ptr<Impl> impl_;

@@ -13,6 +13,10 @@
 #include <string>
 #include <vector>
 
+#include "kvcal/io/entropy_calibration.h"
+#include "kvcal/io/head_profile.h"
+#include "kvcal/io/masks.h"
+
 namespace kvcal {
 
 inline constexpr const char* kBundleFormat = "kvcal.bundle";
@@ -39,5 +43,17 @@ struct BundleInputs {
 // config when given, and writes the bundle atomically. Throws kvcal::Error
 // naming the first problem.
 void write_bundle(const std::string& out, const BundleInputs& inputs, const std::string& command_line);
+
+// A bundle's parts, read with the same code as the standalone artifacts.
+struct BundleContents {
+  std::string model;
+  std::vector<MaskRecord> masks;  // in /masks link order
+  HeadProfile heads;
+  EntropyCalibration entropy;
+};
+
+// Reads a bundle. Checks what the typed readers check (types, shapes, sizes)
+// and no more: run validate_artifact first. Throws kvcal::Error.
+BundleContents read_bundle(const std::string& path);
 
 }  // namespace kvcal

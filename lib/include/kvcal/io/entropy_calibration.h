@@ -50,6 +50,12 @@ EntropyCalibration calibrate_entropy(const std::vector<std::string>& dump_paths,
 bool triggers(double page_entropy, double page_varentropy, double entropy_threshold, double varentropy_threshold,
               TriggerRule rule);
 
+// One sample's token entropy and varentropy (nats), from its logits or its
+// stored statistics; `expected` is N + T (0: unchecked). Returns the source
+// ("logits" or "token_stats"). Throws kvcal::Error.
+std::string read_token_stats(const std::string& dump_path, const std::string& sample, std::int64_t expected,
+                             std::vector<double>& entropy, std::vector<double>& varentropy);
+
 void write_entropy_calibration(const std::string& path, const EntropyCalibration& c, const std::string& command_line);
 EntropyCalibration read_entropy_calibration(const std::string& path);
 

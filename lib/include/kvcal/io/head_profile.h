@@ -24,7 +24,8 @@ struct HeadProfileOptions {
   TaxonomyOptions taxonomy;
   BudgetOptions budget;
   GqaReduce gqa = GqaReduce::mean;
-  double tau_drift = -1;  // < 0: tau_stable
+  double tau_drift = -1;          // < 0: tau_stable
+  std::int64_t drift_window = 8;  // W: decode steps per drift check at run time (attribute drift_window)
 };
 
 struct HeadProfile {

@@ -12,3 +12,11 @@ using TempFileObserver = std::function<void(const std::string&)>;
 void set_temp_file_observer(TempFileObserver observer);
 
 }  // namespace kvcal
+
+namespace kvcal {
+
+// Writes a text file atomically (temporary file beside it, then rename);
+// throws kvcal::Error naming the problem and leaves nothing behind on failure.
+void write_text_file(const std::string& path, const std::string& content);
+
+}  // namespace kvcal

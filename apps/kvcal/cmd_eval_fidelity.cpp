@@ -1,0 +1,158 @@
+// kvcal eval-fidelity: attention error against KV size of each compression
+// method, replayed on the queries, keys and values recorded in a dump.
+#include <algorithm>
+#include <memory>
+#include <sstream>
+
+#include <fmt/format.h>
+
+#include "cli_common.h"
+#include "kvcal/core/error.h"
+#include "kvcal/core/log.h"
+#include "kvcal/eval/fidelity.h"
+#include "kvcal/io/masks.h"
+#include "kvcal/io/temp_files.h"
+
+namespace kvcal::cli {
+namespace {
+
+struct Options {
+  std::string dump, bundle, out, mode = "append";
+  std::string methods = "fp16,kcvt3,kcvt4,h2o4,expander4,hex3,hex4,h2o-evict";
+  std::int64_t block = 96, recent = 8;
+  std::int64_t page_size = 32, chunk_pages = 4, grid_chunks = 4, sink_pages = 1, recent_pages = 2, drift_window = 0;
+  double hh_ratio = 0.02, sparsity = 1.0 / 32, h2o_budget = 0.2;
+  std::uint64_t seed = 0x6b7663616cULL;
+  int threads = 0;
+};
+
+constexpr const char* kFooter = R"(Examples:
+  kvcal eval-fidelity --dump data/smollm2_long.h5 --out fidelity.csv
+  kvcal eval-fidelity --dump data/smollm2_long.h5 --bundle model.kvcal.h5 --methods kcvt4,h2o4,hex4 --mode full
+  kvcal eval-fidelity --dump data/smollm2_attention.h5 --block 32 --methods fp16,kcvt2,hex2
+
+Methods (the HEX ablation rows, bits B in 2, 3, 4):
+  fp16        no compression (the reference: 100%, zero error)
+  kcvtB       KCVT quantization only (keys per channel, values per token)
+  h2oB        quantization + heavy hitters and the recent window in fp16
+  expanderB   quantization + the expander mask's entries in fp16
+  hexB        all of HEX: quantization + expander + heavy hitters + recent window
+  h2o-evict   original H2O: keep --h2o-budget of the tokens (half recent, half
+              heavy hitters, per KV head) in fp16, evict the rest
+  chess-conservative|chess-moderate|chess-aggressive
+              CHESS page selection with retention ratios (grid, chunk, page) of
+              (0.9,0.9,0.9), (0.8,0.7,0.7), (0.5,0.2,0.1); pages of --page-size
+              tokens, --chunk-pages per chunk, --grid-chunks per grid, plus
+              --sink-pages and --recent-pages; selected after the prompt and
+              re-selected when the --bundle's entropy thresholds trigger
+  hetero      HeteroCache (needs --bundle with a head profile of the dump's
+              shape): full heads keep everything, anchors and satellites their
+              budget of prompt tokens; pivots check drift every --drift-window
+              steps and refresh their satellites
+
+The dump must hold queries, keys and values (scripts/record_attention.py --qkv).
+Per sample and layer, the prompt is appended at once (its full --block-token
+blocks compressed, the rest waiting in the fp16 residual buffer), then every
+decode step appends its token and attends with its recorded queries. Errors are
+against plain attention over the same fp16 keys/values: relative error
+||o - o^|| / ||o|| (mean, p99) and cosine similarity, over every query head,
+layer, step and sample. KV size: stored bytes at the end of each sample over
+the fp16 bytes of the same tokens. The expander mask (--block x head dim, at
+--sparsity) comes from --bundle when it holds that shape, otherwise it is
+generated and certified on the fly. CHESS adds the fraction of pages attended
+(selected %) and the full attention's mass on them; hetero adds the retrieval
+trigger rate per pivot step. --out writes the CSV columns
+method,kv_size_pct,rel_err_mean,rel_err_p99,cos_mean,selected_pct,attn_mass,trigger_rate
+(the last three empty where they do not apply); plot it with scripts/plot_fidelity.py.)";
+
+std::vector<std::string> split(const std::string& list) {
+  std::vector<std::string> out;
+  std::stringstream ss(list);
+  for (std::string item; std::getline(ss, item, ',');) {
+    const auto b = item.find_first_not_of(" \t"), e = item.find_last_not_of(" \t");
+    if (b != std::string::npos) out.push_back(item.substr(b, e - b + 1));
+  }
+  return out;
+}
+
+int run(const Options& o, const Globals&) {
+  require_usage(!o.dump.empty(), "--dump is required");
+  if (!o.out.empty()) check_mask_output_path(o.out);
+  KVCAL_CHECK(o.threads >= 0, "--threads {} must be 0 (all cores) or more", o.threads);
+  FidelityOptions opt;
+  opt.methods = split(o.methods);
+  require_usage(!opt.methods.empty(), "--methods lists no method");
+  opt.hex.block = o.block;
+  opt.hex.recent_window = o.recent;
+  opt.hex.hh_ratio = o.hh_ratio;
+  opt.hex.sparsity = o.sparsity;
+  opt.hex.mode = o.mode == "full" ? runtime::HexMode::full : runtime::HexMode::append;
+  opt.h2o_budget = o.h2o_budget;
+  opt.bundle = o.bundle;
+  opt.mask_seed = o.seed;
+  opt.threads = o.threads;
+  opt.chess.page_size = o.page_size;
+  opt.chess.chunk_pages = o.chunk_pages;
+  opt.chess.grid_chunks = o.grid_chunks;
+  opt.chess.sink_pages = o.sink_pages;
+  opt.chess.recent_pages = o.recent_pages;
+  opt.drift_window = o.drift_window;
+  const FidelityReport rep = eval_fidelity(o.dump, opt);
+  fmt::print("{}: {} samples, {} layers, {} query / {} KV heads, head dim {}; block {}, {} mode\n", o.dump, rep.samples,
+             rep.layers, rep.q_heads, rep.kv_heads, rep.head_dim, o.block, o.mode);
+  if (!rep.mask_source.empty()) fmt::print("expander mask {}\n", rep.mask_source);
+  const bool extra = std::any_of(rep.rows.begin(), rep.rows.end(),
+                                 [](const FidelityRow& r) { return r.selected_pct >= 0 || r.trigger_rate >= 0; });
+  const auto col = [](double v, double scale) { return v < 0 ? std::string("-") : fmt::format("{:.2f}", v * scale); };
+  fmt::print("{:<18} {:>10} {:>13} {:>12} {:>12} {:>9}", "method", "KV size %", "rel err mean", "rel err p99",
+             "cos mean", "seconds");
+  if (extra) fmt::print(" {:>10} {:>10} {:>9}", "selected %", "attn mass", "trigger %");
+  fmt::print("\n");
+  for (const FidelityRow& r : rep.rows) {
+    fmt::print("{:<18} {:>10.2f} {:>13.5f} {:>12.5f} {:>12.6f} {:>9.2f}", r.method, r.kv_size_pct, r.rel_err_mean,
+               r.rel_err_p99, r.cos_mean, r.seconds);
+    if (extra)
+      fmt::print(" {:>10} {:>10} {:>9}", col(r.selected_pct, 1), col(r.attn_mass, 100), col(r.trigger_rate, 100));
+    fmt::print("\n");
+  }
+  if (!o.out.empty()) {
+    write_text_file(o.out, fidelity_csv(rep));
+    log(LogLevel::info, "wrote {}", o.out);
+  }
+  return 0;
+}
+
+}  // namespace
+
+Runner add_eval_fidelity(CLI::App& app) {
+  auto o = std::make_shared<Options>();
+  CLI::App* sub =
+      app.add_subcommand("eval-fidelity", "Attention error vs KV size of each compression method on recorded Q/K/V");
+  sub->footer(kFooter);
+  sub->add_option("--dump", o->dump, "kvcal.attention_dump with queries, keys and values");
+  sub->add_option("--bundle", o->bundle, "Model bundle whose masks are used first");
+  sub->add_option("--methods", o->methods, "Comma-separated methods (see below)")->capture_default_str();
+  sub->add_option("--block", o->block, "Streaming block size n_b (tokens)")->capture_default_str();
+  sub->add_option("--mode", o->mode, "append (compress each block once) or full (recompress at every block)")
+      ->check(CLI::IsMember({"append", "full"}))
+      ->capture_default_str();
+  sub->add_option("--hh-ratio", o->hh_ratio, "Heavy hitters per block, fraction of its tokens")->capture_default_str();
+  sub->add_option("--recent", o->recent, "Recent window kept in fp16 (tokens)")->capture_default_str();
+  sub->add_option("--sparsity", o->sparsity, "Expander mask density (ones per row / head dim)")->capture_default_str();
+  sub->add_option("--h2o-budget", o->h2o_budget, "h2o-evict: fraction of tokens kept")->capture_default_str();
+  sub->add_option("--page-size", o->page_size, "CHESS: tokens per page")->capture_default_str();
+  sub->add_option("--chunk-pages", o->chunk_pages, "CHESS: pages per chunk")->capture_default_str();
+  sub->add_option("--grid-chunks", o->grid_chunks, "CHESS: chunks per grid")->capture_default_str();
+  sub->add_option("--sink-pages", o->sink_pages, "CHESS: first pages always attended")->capture_default_str();
+  sub->add_option("--recent-pages", o->recent_pages, "CHESS: last pages always attended (the anchor's window)")
+      ->capture_default_str();
+  sub->add_option("--drift-window", o->drift_window,
+                  "hetero: decode steps per drift check (W; 0: the bundle's profile)")
+      ->capture_default_str();
+  sub->add_option("--seed", o->seed, "First seed tried when a mask is generated")->capture_default_str();
+  sub->add_option("--out", o->out, "CSV report (written atomically)");
+  sub->add_option("--threads", o->threads, "Worker threads (0: all cores)")->capture_default_str();
+  return [o](const Globals& g) { return run(*o, g); };
+}
+
+}  // namespace kvcal::cli

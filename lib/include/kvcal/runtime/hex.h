@@ -1,0 +1,199 @@
+// HEX KV-cache compression (CPU reference): per layer and KV head, tokens
+// stream into an fp16 residual buffer; each full block of n_b tokens is
+// compressed. Kept in fp16: the expander mask's entries (block tokens x
+// channels), heavy-hitter tokens and the recent window. Everything else is
+// KCVT-quantized: keys per channel over the block's tokens, values per token
+// over the channels, at 2, 3 or 4 bits (see quant.h).
+//
+// The same framework runs the paper's ablation rows (Table 4) by switching
+// components off: fp16, kcvtB, h2oB, expanderB, hexB; H2OEvictCache is the
+// original H2O (keep heavy hitters and recent tokens, drop the rest).
+//
+// Choices the paper leaves open (documented in the README):
+// - heavy hitters are chosen per block: the top ceil(hh_ratio * n_b) tokens
+//   of the block by cumulative attention (summed over all query heads of the
+//   layer and every observed query, as HEX §3.3 defines it); tokens never
+//   attended (score 0) are not chosen;
+// - the recent window is the last `recent` tokens of the whole sequence at the
+//   moment a block is compressed (a prefix is compressed after all its tokens
+//   arrived, so its last tokens stay in the residual buffer);
+// - keys and values share one mask; kept entries are stored once per block;
+// - quantization groups skip the expander's entries (outliers kept in fp16
+//   do not widen the range), but the code grid covers them so rows stay dense;
+// - full mode keeps the fp16 source of compressed tokens (it is an accuracy
+//   reference) and recompresses every block with the current scores at each
+//   block boundary; bytes() counts the compressed form only.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "kvcal/runtime/common.h"
+#include "kvcal/runtime/mask_cache.h"
+#include "kvcal/runtime/quant.h"
+
+namespace kvcal::runtime {
+
+enum class HexMode { append, full };
+
+struct HexOptions {
+  std::int64_t block = 96;  // n_b
+  int bits = 4;             // 2, 3 or 4; 0 = no quantization (everything fp16)
+  bool expander = true;
+  bool heavy_hitters = true;
+  bool recent = true;
+  double hh_ratio = 0.02;
+  std::int64_t recent_window = 8;
+  double sparsity = 1.0 / 32;  // expander mask: ones per row / head_dim
+  HexMode mode = HexMode::append;
+};
+
+// The options of a named method: "fp16", "kcvt2|3|4", "h2o2|3|4",
+// "expander2|3|4", "hex2|3|4". Other fields are taken from `base`. Throws
+// Error for other names ("h2o-evict" is H2OEvictCache).
+KVCAL_RUNTIME_API HexOptions hex_method(const std::string& name, const HexOptions& base = {});
+KVCAL_RUNTIME_API void check_options(const HexOptions& options);  // throws Error naming the bad field
+
+// One compressed block of one KV head: plain pointers and sizes, the layout
+// GPU kernels consume. Token t of the block is either kept (listed in
+// kept_index, ascending; its K and V rows in k_kept/v_kept) or quantized (the
+// q-th quantized token in block order: codes row q, value parameters q, and
+// its d1 expander entries, mask columns mask_indices[t*d1 .. (t+1)*d1), at
+// k_sparse/v_sparse[q*d1 ..]). bits == 0: every token kept, no index list.
+struct HexBlockView {
+  std::int32_t tokens = 0, head_dim = 0, bits = 0;
+  std::int32_t kept_rows = 0;
+  const std::uint16_t* kept_index = nullptr;  // [kept_rows] (null when bits == 0)
+  const half_bits* k_kept = nullptr;          // [kept_rows][head_dim]
+  const half_bits* v_kept = nullptr;
+  std::int32_t row_bytes = 0;             // packed_bytes(head_dim, bits)
+  const std::uint8_t* k_codes = nullptr;  // [quant_rows][row_bytes]
+  const std::uint8_t* v_codes = nullptr;
+  const QuantParams* k_params = nullptr;       // [head_dim]: per channel
+  const QuantParams* v_params = nullptr;       // [quant_rows]: per token
+  std::int32_t mask_degree = 0;                // d1; 0: no expander entries
+  const std::int32_t* mask_indices = nullptr;  // the shared mask's columns, [tokens * d1]
+  const half_bits* k_sparse = nullptr;         // [quant_rows * d1]
+  const half_bits* v_sparse = nullptr;
+
+  KVCAL_HD std::int32_t quant_rows() const { return tokens - kept_rows; }
+};
+
+// Bytes a block actually stores: kept indices (2 B each), fp16 rows, codes,
+// parameters (2 x fp16 per group, key groups only when a token is
+// quantized), fp16 expander entries. The mask's indices are shared, not
+// stored per block.
+KVCAL_RUNTIME_API std::int64_t hex_block_bytes(const HexBlockView& b);
+
+// The storage behind a HexBlockView.
+struct HexBlock {
+  std::int32_t tokens = 0, head_dim = 0, bits = 0;
+  std::vector<std::uint16_t> kept_index;
+  std::vector<half_bits> k_kept, v_kept;
+  std::vector<std::uint8_t> k_codes, v_codes;
+  std::vector<QuantParams> k_params, v_params;
+  std::vector<half_bits> k_sparse, v_sparse;
+  std::shared_ptr<const Mask> mask;  // null without expander entries
+
+  KVCAL_RUNTIME_API HexBlockView view() const;
+  std::int64_t bytes() const { return hex_block_bytes(view()); }
+};
+
+// Compresses `tokens` tokens of one head (k and v rows at k + t*token_stride,
+// head_dim contiguous halves each). keep_rows[t] != 0 keeps token t in fp16
+// (may be null); mask (rows >= tokens, cols == head_dim) adds its entries
+// (may be null); bits 0 keeps everything. Throws Error on non-finite input.
+KVCAL_RUNTIME_API HexBlock hex_compress_block(const half_bits* k, const half_bits* v, std::int64_t tokens,
+                                              std::int64_t head_dim, std::int64_t token_stride,
+                                              const std::uint8_t* keep_rows, std::shared_ptr<const Mask> mask,
+                                              int bits);
+
+// Reference dequantization: k, v [tokens][head_dim] floats.
+KVCAL_RUNTIME_API void hex_dequantize_block(const HexBlockView& b, float* k, float* v);
+
+// scores[j * score_stride + t] = scale * q_j . k_t for nq queries (q_j at
+// q + j * q_stride, head_dim floats) over the block's tokens, computed on the
+// codes without materialising the keys.
+KVCAL_RUNTIME_API void hex_block_scores(const HexBlockView& b, const float* q, std::int64_t nq, std::int64_t q_stride,
+                                        float scale, float* scores, std::int64_t score_stride);
+// out_j += sum_t p[j * p_stride + t] * v_t, out_j at out + j * out_stride.
+KVCAL_RUNTIME_API void hex_block_accumulate(const HexBlockView& b, const float* p, std::int64_t nq,
+                                            std::int64_t p_stride, float* out, std::int64_t out_stride);
+
+// Plain attention over fp16 keys/values [tokens][head_dim] (row stride
+// token_stride halves) for nq queries: out_j = softmax(scale q_j K^T) V.
+// probs (optional) receives the weights, [nq][tokens].
+KVCAL_RUNTIME_API void attend_fp16(const float* q, std::int64_t nq, std::int64_t q_stride, const half_bits* k,
+                                   const half_bits* v, std::int64_t tokens, std::int64_t head_dim,
+                                   std::int64_t token_stride, float scale, float* out, std::int64_t out_stride,
+                                   float* probs = nullptr);
+
+// The streaming HEX cache of one layer: every KV head, one shared mask.
+class KVCAL_RUNTIME_API HexLayerCache {
+ public:
+  // `mask` is required when options.expander (rows == block, cols ==
+  // head_dim), ignored otherwise.
+  HexLayerCache(std::int64_t kv_heads, std::int64_t head_dim, const HexOptions& options,
+                std::shared_ptr<const Mask> mask);
+  ~HexLayerCache();
+  HexLayerCache(HexLayerCache&&) noexcept;
+  HexLayerCache& operator=(HexLayerCache&&) noexcept;
+
+  // Appends n tokens to every head: head h's token i at k + h*head_stride +
+  // i*token_stride (head_dim halves). Full blocks are compressed (a prefix
+  // appended at once: all its full blocks, after all its tokens arrived).
+  void append(const half_bits* k, const half_bits* v, std::int64_t n, std::int64_t head_stride,
+              std::int64_t token_stride);
+
+  // Adds attention weights to the heavy-hitter scores: s_t += sum_h
+  // attn[h * head_stride + t] for t < tokens (any number of query heads).
+  void observe(const float* attn, std::int64_t heads, std::int64_t tokens, std::int64_t head_stride);
+
+  // Attention of q_heads queries (q [q_heads][head_dim], query head j reads
+  // KV head j / (q_heads / kv_heads)) over the whole cache: out [q_heads][head_dim].
+  // probs (optional): [q_heads][tokens()] attention weights.
+  void attend(const float* q, std::int64_t q_heads, float scale, float* out, float* probs = nullptr) const;
+
+  std::int64_t tokens() const;
+  std::int64_t compressed_tokens() const;  // in blocks (the rest is the fp16 residual)
+  std::int64_t bytes() const;              // blocks + fp16 residual, all heads
+  std::int64_t fp16_bytes() const;         // the same tokens uncompressed: tokens * head_dim * 2 * 2 * kv_heads
+  const HexOptions& options() const;
+  // The blocks of one head (for GPU upload and inspection).
+  std::vector<HexBlockView> blocks(std::int64_t head) const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+// The original H2O policy as a baseline: each KV head keeps at most
+// ceil(budget * tokens) tokens in fp16, half of them the most recent, the
+// rest the heavy hitters by its own cumulative attention (summed over its
+// query heads); evicted tokens are gone for good.
+class KVCAL_RUNTIME_API H2OEvictCache {
+ public:
+  H2OEvictCache(std::int64_t kv_heads, std::int64_t q_heads, std::int64_t head_dim, double budget);
+  ~H2OEvictCache();
+  H2OEvictCache(H2OEvictCache&&) noexcept;
+  H2OEvictCache& operator=(H2OEvictCache&&) noexcept;
+
+  void append(const half_bits* k, const half_bits* v, std::int64_t n, std::int64_t head_stride,
+              std::int64_t token_stride);
+  // attn [q_heads][...]: query head j counts for KV head j / group.
+  void observe(const float* attn, std::int64_t tokens, std::int64_t head_stride);
+  void attend(const float* q, float scale, float* out, float* probs = nullptr) const;
+
+  std::int64_t tokens() const;
+  std::int64_t kept(std::int64_t head) const;
+  std::int64_t bytes() const;
+  std::int64_t fp16_bytes() const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace kvcal::runtime
