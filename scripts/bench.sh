@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Runs the mask benchmarks and their baselines in one go; results in out/bench/.
+# Runs every benchmark and its baselines in one go; results in out/bench/.
 #  (a) 96x128, rho = 1/32: masks generated and exactly certified per second, one core.
 #  (b) 32768x4096, rho = 1/32: one mask with an exact certificate, wall time on
 #      all cores, and peak memory (each case in its own process).
@@ -37,4 +37,8 @@ echo "== profile-heads on a synthetic dump of >= 1 GB against the NumPy referenc
 KVCAL=build/release/bin/kvcal PYTHON=$python bash scripts/bench_profile_heads.sh
 echo "== token entropy/varentropy, V = 128,256, against NumPy and the memory-read bandwidth"
 $python scripts/bench_entropy.py --bench build/release/bin/bench_entropy
+echo "== runtime: HEX block compression, decode over a 32K-token cache (fp16 and compressed), memory-read bandwidth"
+build/release/bin/bench_runtime --benchmark_out="$out/runtime.json" --benchmark_out_format=json
+echo "== runtime: CHESS selection per decode step vs one layer's fp16 attention (x 32 layers = one decode step)"
+build/release/bin/bench_chess --benchmark_out="$out/chess.json" --benchmark_out_format=json
 echo "Results in $out/"

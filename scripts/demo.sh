@@ -42,10 +42,17 @@ $kvcal validate "$out/smollm2.kvcal.h5"
 $kvcal inspect "$out/smollm2.kvcal.h5" | head -12
 echo "   ... (kvcal inspect --json for machines; scripts/kvcal_artifacts.py reads it with h5py alone)"
 echo
+echo "== kvcal eval-fidelity: attention error vs KV size, replaying a real 383-token SmolLM2 sample"
+echo "   (data/smollm2_long.h5) through every method; the bundle provides the mask, head roles and thresholds"
+$kvcal eval-fidelity --dump data/smollm2_long.h5 --bundle "$out/smollm2.kvcal.h5" --sparsity 0.0625 \
+  --methods fp16,kcvt3,kcvt4,h2o4,expander4,hex3,hex4,h2o-evict,chess-conservative,chess-moderate,chess-aggressive,hetero \
+  --out "$out/fidelity.csv"
+${PYTHON:-python3} scripts/plot_fidelity.py "$out/fidelity.csv" --out "$out/fidelity.png"
+echo
 echo "== kvcal mask-certify: every stored claim re-derived from the CSR"
 $kvcal mask-certify "$out/block_96x128.h5" "$out/long_8192x128.h5" "$out/lps_1092x1092.h5" "$out/random_1092x1092.h5"
 echo
 echo "Results in $out/: block_96x128.h5, long_8192x128.h5, lps_1092x1092.h5, random_1092x1092.h5 (masks),"
 echo "  heads.h5 + heads_plots/*.png (head profile), entropy.h5 + entropy.png (re-selection thresholds),"
-echo "  smollm2.kvcal.h5 (the bundle for the model)"
+echo "  smollm2.kvcal.h5 (the bundle for the model), fidelity.csv + fidelity.png (eval-fidelity)"
 echo "(layout: schemas/masks.v1.json; list deterministic shapes with: $kvcal mask-gen --list-lps --max-rows 20000)"

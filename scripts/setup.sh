@@ -6,7 +6,8 @@ set -euo pipefail
 
 packages=(build-essential cmake ninja-build pkg-config
           libeigen3-dev libspectra-dev libboost-graph-dev libhdf5-dev hdf5-tools
-          libcli11-dev libfmt-dev libgtest-dev libbenchmark-dev time bc)
+          libcli11-dev libfmt-dev libgtest-dev libbenchmark-dev time bc
+          libasan8 libubsan1 libtsan2)
 
 # Python packages for the scripts and their tests (NumPy, h5py, matplotlib),
 # installed for the interpreter the build uses (PYTHON, default python3).

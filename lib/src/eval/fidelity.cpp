@@ -388,9 +388,8 @@ FidelityReport eval_fidelity(const std::string& dump_path, const FidelityOptions
                 ++tally.drift_steps;
                 if (!st.drift) continue;
                 ++tally.drifts;
-                for (const std::int32_t sat : plan.satellites[static_cast<std::size_t>(l * Hkv + h)])
-                  kept[static_cast<std::size_t>(sat)] =
-                      rt::top_indices(row, n, plan.budget[static_cast<std::size_t>(l * Hkv + sat)]);
+                for (rt::SatelliteFetch& f : rt::satellite_fetches(plan, l, h, row, n))
+                  kept[static_cast<std::size_t>(f.head)] = std::move(f.tokens);
               }
             }
             for (const auto& set : kept) tally.bytes += static_cast<std::int64_t>(set.size()) * Dh * 4;

@@ -81,6 +81,20 @@ HeteroPlan make_hetero_plan(const HeadTable& t, std::int64_t context, std::int64
   return p;
 }
 
+std::vector<SatelliteFetch> satellite_fetches(const HeteroPlan& plan, std::int64_t layer, std::int64_t pivot,
+                                              const float* attention, std::int64_t n) {
+  require(layer >= 0 && layer < plan.layers && pivot >= 0 && pivot < plan.kv_heads, "layer or head out of range");
+  require(n >= 1, "empty attention row");
+  std::vector<SatelliteFetch> out;
+  for (const std::int32_t s : plan.satellites[static_cast<std::size_t>(layer * plan.kv_heads + pivot)]) {
+    SatelliteFetch f;
+    f.head = s;
+    f.tokens = top_indices(attention, n, plan.budget[static_cast<std::size_t>(layer * plan.kv_heads + s)]);
+    out.push_back(std::move(f));
+  }
+  return out;
+}
+
 DriftMonitor::DriftMonitor(std::int64_t l_base, std::int64_t window, double tau_drift)
     : l_base_(l_base), window_(window), tau_(tau_drift) {
   require(l_base >= 1 && window >= 1 && std::isfinite(tau_drift), "bad drift monitor parameters");

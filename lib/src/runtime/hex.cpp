@@ -5,6 +5,10 @@
 #include <limits>
 #include <numeric>
 
+#if defined(__AVX2__) || defined(__AVX512F__) || defined(__F16C__)
+#include <immintrin.h>
+#endif
+
 namespace kvcal::runtime {
 namespace {
 
@@ -14,16 +18,129 @@ void require(bool cond, const std::string& what) {
   if (!cond) fail(what);
 }
 
+// Rows ahead of the one being decoded whose codes are requested early: a
+// block's codes are a few kilobytes, too short for the hardware prefetcher
+// to ramp up on by itself. (Prefetching past the end is harmless.)
+constexpr std::int64_t kPrefetchRows = 6;
+inline void prefetch(const void* p) {
+#if defined(__GNUC__)
+  __builtin_prefetch(p, 0, 3);
+#else
+  (void)p;
+#endif
+}
+
+// One binary16 -> float in the hot loops (the F16C instruction when present).
+inline float h2f(half_bits h) {
+#if defined(__F16C__)
+  return _cvtsh_ss(h);
+#else
+  return half_to_float(h);
+#endif
+}
+
+// The decode kernels: explicit AVX-512 or AVX2 code where the build has it
+// (the compiler does not vectorise the nibble unpacking well), with plain
+// loops as the portable fallback. Each returns bit-for-bit what its fallback
+// computes up to the order of the float additions.
+#if defined(__AVX512F__)
+inline float hsum(__m512 v) { return _mm512_reduce_add_ps(v); }
+#endif
+#if defined(__AVX2__) && defined(__FMA__)
+inline float hsum(__m256 v) {
+  const __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  const __m128 t = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  return _mm_cvtss_f32(_mm_add_ss(t, _mm_movehdup_ps(t)));
+}
+#endif
+
 float dot(const float* a, const float* b, std::int64_t n) {
+  std::int64_t i = 0;
   float s = 0;
-#pragma omp simd reduction(+ : s)
-  for (std::int64_t i = 0; i < n; ++i) s += a[i] * b[i];
+#if defined(__AVX512F__)
+  __m512 acc = _mm512_setzero_ps();
+  for (; i + 16 <= n; i += 16) acc = _mm512_fmadd_ps(_mm512_loadu_ps(a + i), _mm512_loadu_ps(b + i), acc);
+  s = hsum(acc);
+#elif defined(__AVX2__) && defined(__FMA__)
+  __m256 acc = _mm256_setzero_ps();
+  for (; i + 8 <= n; i += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), acc);
+  s = hsum(acc);
+#endif
+  for (; i < n; ++i) s += a[i] * b[i];
   return s;
 }
 
 void axpy(float w, const float* x, float* y, std::int64_t n) {
-#pragma omp simd
-  for (std::int64_t i = 0; i < n; ++i) y[i] += w * x[i];
+  std::int64_t i = 0;
+#if defined(__AVX512F__)
+  const __m512 wv = _mm512_set1_ps(w);
+  for (; i + 16 <= n; i += 16)
+    _mm512_storeu_ps(y + i, _mm512_fmadd_ps(wv, _mm512_loadu_ps(x + i), _mm512_loadu_ps(y + i)));
+#elif defined(__AVX2__) && defined(__FMA__)
+  const __m256 wv = _mm256_set1_ps(w);
+  for (; i + 8 <= n; i += 8)
+    _mm256_storeu_ps(y + i, _mm256_fmadd_ps(wv, _mm256_loadu_ps(x + i), _mm256_loadu_ps(y + i)));
+#endif
+  for (; i < n; ++i) y[i] += w * x[i];
+}
+
+// 4-bit rows: byte i holds channel 2i (low nibble) and 2i+1 (high nibble);
+// w and acc are phase-major: [even channels | odd channels], run = dim / 2.
+inline float dot_nibbles(const std::uint8_t* row, const float* w, std::int64_t run) {
+  const float* w1 = w + run;
+  std::int64_t i = 0;
+  float s = 0;
+#if defined(__AVX512F__)
+  __m512 a0 = _mm512_setzero_ps(), a1 = _mm512_setzero_ps();
+  const __m512i low = _mm512_set1_epi32(0xf);
+  for (; i + 16 <= run; i += 16) {
+    const __m512i b = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(row + i)));
+    a0 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_and_si512(b, low)), _mm512_loadu_ps(w + i), a0);
+    a1 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_srli_epi32(b, 4)), _mm512_loadu_ps(w1 + i), a1);
+  }
+  s = hsum(_mm512_add_ps(a0, a1));
+#elif defined(__AVX2__) && defined(__FMA__)
+  __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
+  const __m256i low = _mm256_set1_epi32(0xf);
+  for (; i + 8 <= run; i += 8) {
+    const __m256i b = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(row + i)));
+    a0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_and_si256(b, low)), _mm256_loadu_ps(w + i), a0);
+    a1 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_srli_epi32(b, 4)), _mm256_loadu_ps(w1 + i), a1);
+  }
+  s = hsum(_mm256_add_ps(a0, a1));
+#endif
+  for (; i < run; ++i) s += w[i] * static_cast<float>(row[i] & 0xfu) + w1[i] * static_cast<float>(row[i] >> 4);
+  return s;
+}
+
+inline void axpy_nibbles(float a, const std::uint8_t* row, float* acc, std::int64_t run) {
+  float* acc1 = acc + run;
+  std::int64_t i = 0;
+#if defined(__AVX512F__)
+  const __m512 av = _mm512_set1_ps(a);
+  const __m512i low = _mm512_set1_epi32(0xf);
+  for (; i + 16 <= run; i += 16) {
+    const __m512i b = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(row + i)));
+    _mm512_storeu_ps(acc + i,
+                     _mm512_fmadd_ps(av, _mm512_cvtepi32_ps(_mm512_and_si512(b, low)), _mm512_loadu_ps(acc + i)));
+    _mm512_storeu_ps(acc1 + i,
+                     _mm512_fmadd_ps(av, _mm512_cvtepi32_ps(_mm512_srli_epi32(b, 4)), _mm512_loadu_ps(acc1 + i)));
+  }
+#elif defined(__AVX2__) && defined(__FMA__)
+  const __m256 av = _mm256_set1_ps(a);
+  const __m256i low = _mm256_set1_epi32(0xf);
+  for (; i + 8 <= run; i += 8) {
+    const __m256i b = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(row + i)));
+    _mm256_storeu_ps(acc + i,
+                     _mm256_fmadd_ps(av, _mm256_cvtepi32_ps(_mm256_and_si256(b, low)), _mm256_loadu_ps(acc + i)));
+    _mm256_storeu_ps(acc1 + i,
+                     _mm256_fmadd_ps(av, _mm256_cvtepi32_ps(_mm256_srli_epi32(b, 4)), _mm256_loadu_ps(acc1 + i)));
+  }
+#endif
+  for (; i < run; ++i) {
+    acc[i] += a * static_cast<float>(row[i] & 0xfu);
+    acc1[i] += a * static_cast<float>(row[i] >> 4);
+  }
 }
 
 bool finite_halves(const half_bits* x, std::int64_t n) {
@@ -259,7 +376,7 @@ namespace {
 
 // Per-thread scratch of the decode paths (no allocation per block).
 struct Scratch {
-  std::vector<float> qd, bias, kmin, row, acc, base, sparse;
+  std::vector<float> qd, bias, kmin, row, acc, base, sparse, params;
   float* get(std::vector<float>& v, std::int64_t n) {
     if (static_cast<std::int64_t>(v.size()) < n) v.resize(static_cast<std::size_t>(n));
     return v.data();
@@ -285,12 +402,7 @@ struct Phases {
 inline float dot_codes(const std::uint8_t* row, const float* w, const Phases& ph) {
   float s = 0;
   if (ph.per == 2) {
-    const float* w1 = w + ph.run;
-#pragma omp simd reduction(+ : s)
-    for (std::int64_t i = 0; i < ph.run; ++i) {
-      const unsigned b = row[i];
-      s += w[i] * static_cast<float>(b & 0xfu) + w1[i] * static_cast<float>(b >> 4);
-    }
+    s = dot_nibbles(row, w, ph.run);
   } else if (ph.per == 4) {
     const float *w1 = w + ph.run, *w2 = w + 2 * ph.run, *w3 = w + 3 * ph.run;
 #pragma omp simd reduction(+ : s)
@@ -308,13 +420,7 @@ inline float dot_codes(const std::uint8_t* row, const float* w, const Phases& ph
 // acc[slot] += a * code(slot) over one packed row.
 inline void axpy_codes(float a, const std::uint8_t* row, float* acc, const Phases& ph) {
   if (ph.per == 2) {
-    float* a1 = acc + ph.run;
-#pragma omp simd
-    for (std::int64_t i = 0; i < ph.run; ++i) {
-      const unsigned b = row[i];
-      acc[i] += a * static_cast<float>(b & 0xfu);
-      a1[i] += a * static_cast<float>(b >> 4);
-    }
+    axpy_nibbles(a, row, acc, ph.run);
   } else if (ph.per == 4) {
     float *a1 = acc + ph.run, *a2 = acc + 2 * ph.run, *a3 = acc + 3 * ph.run;
 #pragma omp simd
@@ -347,10 +453,14 @@ void hex_block_scores(const HexBlockView& b, const float* q, std::int64_t nq, st
   float* row = sc.get(sc.row, d);
   float* sparse = sc.get(sc.sparse, nqr * d1);
   if (nqr > 0) {
-    for (std::int64_t c = 0; c < d; ++c) kmin[c] = half_to_float(b.k_params[c].min);
+    // The key groups' (delta, min) pairs in one conversion, then split.
+    float* params = sc.get(sc.params, 2 * d);
+    static_assert(sizeof(QuantParams) == 2 * sizeof(half_bits), "QuantParams is two packed halves");
+    halves_to_floats(reinterpret_cast<const half_bits*>(b.k_params), 2 * d, params);
+    for (std::int64_t c = 0; c < d; ++c) kmin[c] = params[2 * c + 1];
     for (std::int64_t j = 0; j < nq; ++j) {
       const float* qj = q + j * q_stride;
-      for (std::int64_t c = 0; c < d; ++c) qd[j * d + ph.slot(c)] = scale * qj[c] * half_to_float(b.k_params[c].delta);
+      for (std::int64_t c = 0; c < d; ++c) qd[j * d + ph.slot(c)] = scale * qj[c] * params[2 * c];
       bias[j] = scale * dot(qj, kmin, d);
     }
     if (d1 > 0) halves_to_floats(b.k_sparse, nqr * d1, sparse);
@@ -364,6 +474,7 @@ void hex_block_scores(const HexBlockView& b, const float* q, std::int64_t nq, st
       continue;
     }
     const std::uint8_t* codes = b.k_codes + qr * b.row_bytes;
+    prefetch(codes + kPrefetchRows * b.row_bytes);
     const std::int32_t* cols = b.mask_indices + t * d1;
     const float* xs = sparse + qr * d1;
     for (std::int64_t j = 0; j < nq; ++j) {
@@ -402,8 +513,9 @@ void hex_block_accumulate(const HexBlockView& b, const float* p, std::int64_t nq
       continue;
     }
     const QuantParams vp = b.v_params[qr];
-    const float vmin = half_to_float(vp.min), vdelta = half_to_float(vp.delta);
+    const float vmin = h2f(vp.min), vdelta = h2f(vp.delta);
     const std::uint8_t* codes = b.v_codes + qr * b.row_bytes;
+    prefetch(codes + kPrefetchRows * b.row_bytes);
     const std::int32_t* cols = b.mask_indices + t * d1;
     const float* xs = sparse + qr * d1;
     for (std::int64_t j = 0; j < nq; ++j) {

@@ -23,6 +23,7 @@ half_bits half_round_up(float x) {
 
 void pack_codes(const std::uint8_t* codes, std::int64_t n, int bits, std::uint8_t* out) {
   check_bits(bits);
+  if (n <= 0) return;  // nothing to write (out may be null)
   const std::int64_t bytes = packed_bytes(n, bits);
   std::memset(out, 0, static_cast<std::size_t>(bytes));
   if (bits == 4) {
@@ -76,7 +77,7 @@ QuantParams quant_params(const half_bits* x, std::int64_t n, std::int64_t stride
   QuantParams p;
   if (!(hi >= lo)) return p;  // nothing left to quantize
   p.min = lo_bits == 0x8000u ? half_bits{0} : lo_bits;
-  const float range = hi - lo;  // exact: the difference of two halves fits a float
+  const float range = hi - lo;  // rounded; the loop below makes the coverage exact
   p.delta = range > 0 ? half_round_up(range / static_cast<float>((1 << bits) - 1)) : half_bits{0};
   // min + top * delta must reach hi also after float rounding of the division.
   // In exact arithmetic (double holds these products and sums exactly).

@@ -589,3 +589,29 @@ TEST(RuntimeHetero, DriftErrors) {
 
 }  // namespace
 }  // namespace kvcal::runtime
+
+// satellite_fetches: per satellite of a pivot, its budget's worth of the
+// pivot's top tokens, against top_indices computed here.
+TEST(RuntimeHetero, SatelliteFetchesAreThePivotsTopTokensPerSatelliteBudget) {
+  kvcal::runtime::HeadTable t;
+  t.layers = 1;
+  t.kv_heads = 4;
+  t.q_heads = 4;
+  using R = kvcal::runtime::Role;
+  t.role = {R::pivot, R::satellite, R::satellite, R::anchor};
+  t.pivot = {0, 0, 0, -1};
+  t.stability = t.similarity = {1, 1, 1, 1};
+  t.budget_ratio = {1.0f, 0.25f, 0.5f, 0.25f};
+  t.tau_drift = 0.5;
+  const kvcal::runtime::HeteroPlan plan = kvcal::runtime::make_hetero_plan(t, 8);
+  const std::vector<float> attn = {0.05f, 0.3f, 0.01f, 0.2f, 0.1f, 0.02f, 0.25f, 0.07f};
+  const auto fetches = kvcal::runtime::satellite_fetches(plan, 0, 0, attn.data(), 8);
+  ASSERT_EQ(fetches.size(), 2u);
+  EXPECT_EQ(fetches[0].head, 1);
+  EXPECT_EQ(fetches[0].tokens, (std::vector<std::int32_t>{1, 6}));  // l = round(0.25 * 8) = 2
+  EXPECT_EQ(fetches[1].head, 2);
+  EXPECT_EQ(fetches[1].tokens, (std::vector<std::int32_t>{1, 3, 4, 6}));               // l = 4
+  EXPECT_TRUE(kvcal::runtime::satellite_fetches(plan, 0, 3, attn.data(), 8).empty());  // an anchor has none
+  EXPECT_THROW(kvcal::runtime::satellite_fetches(plan, 1, 0, attn.data(), 8), kvcal::runtime::Error);
+  EXPECT_THROW(kvcal::runtime::satellite_fetches(plan, 0, 0, attn.data(), 0), kvcal::runtime::Error);
+}

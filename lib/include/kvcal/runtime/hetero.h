@@ -40,6 +40,17 @@ KVCAL_RUNTIME_API HeteroPlan make_hetero_plan(const HeadTable& heads, std::int64
 // Indices of the k largest values (ties: lower index first), ascending.
 KVCAL_RUNTIME_API std::vector<std::int32_t> top_indices(const float* values, std::int64_t n, std::int64_t k);
 
+// What the engine fetches from host memory when a pivot drifts: for each of
+// its satellites, the top-l_s tokens of the pivot's current attention
+// (attention over n tokens), ascending (Algorithm 1, lines 36-38).
+struct SatelliteFetch {
+  std::int32_t head = 0;             // the satellite's KV head in the layer
+  std::vector<std::int32_t> tokens;  // its new token set, l_s of them (fewer when n < l_s)
+};
+KVCAL_RUNTIME_API std::vector<SatelliteFetch> satellite_fetches(const HeteroPlan& plan, std::int64_t layer,
+                                                                std::int64_t pivot, const float* attention,
+                                                                std::int64_t n);
+
 // One pivot head's drift monitor (Algorithm 1, lines 19-41): the base set is
 // the top-L_base of the prefill attention; each decode step's top-L_base set
 // gives o_t = |K_t ∩ K_base| / L_base; every W steps the median of the last W

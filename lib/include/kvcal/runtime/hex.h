@@ -12,8 +12,8 @@
 // Choices the paper leaves open (documented in the README):
 // - heavy hitters are chosen per block: the top ceil(hh_ratio * n_b) tokens
 //   of the block by cumulative attention (summed over all query heads of the
-//   layer and every observed query, as HEX §3.3 defines it); tokens never
-//   attended (score 0) are not chosen;
+//   layer and every observed query, as HEX §3.3 defines it; ties go to the
+//   earlier token); tokens never attended (score 0) are not chosen;
 // - the recent window is the last `recent` tokens of the whole sequence at the
 //   moment a block is compressed (a prefix is compressed after all its tokens
 //   arrived, so its last tokens stay in the residual buffer);
@@ -170,9 +170,10 @@ class KVCAL_RUNTIME_API HexLayerCache {
 };
 
 // The original H2O policy as a baseline: each KV head keeps at most
-// ceil(budget * tokens) tokens in fp16, half of them the most recent, the
-// rest the heavy hitters by its own cumulative attention (summed over its
-// query heads); evicted tokens are gone for good.
+// limit = ceil(budget * tokens) tokens in fp16: the ceil(limit / 2) most
+// recent, the rest the heavy hitters by its own cumulative attention (summed
+// over its query heads; ties evict the older token first); evicted tokens are
+// gone for good.
 class KVCAL_RUNTIME_API H2OEvictCache {
  public:
   H2OEvictCache(std::int64_t kv_heads, std::int64_t q_heads, std::int64_t head_dim, double budget);
