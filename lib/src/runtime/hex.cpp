@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <exception>
 #include <limits>
 #include <numeric>
 
@@ -82,6 +83,82 @@ void axpy(float w, const float* x, float* y, std::int64_t n) {
     _mm256_storeu_ps(y + i, _mm256_fmadd_ps(wv, _mm256_loadu_ps(x + i), _mm256_loadu_ps(y + i)));
 #endif
   for (; i < n; ++i) y[i] += w * x[i];
+}
+
+// 2-bit rows: byte i holds channels 4i..4i+3 (bits 0-1, 2-3, 4-5, 6-7); w and
+// acc are phase-major in four runs of run = dim / 4.
+inline float dot_crumbs(const std::uint8_t* row, const float* w, std::int64_t run) {
+  std::int64_t i = 0;
+  float s = 0;
+#if defined(__AVX512F__)
+  __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+  const __m512i three = _mm512_set1_epi32(3);
+  for (; i + 16 <= run; i += 16) {
+    const __m512i b = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(row + i)));
+    a0 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_and_si512(b, three)), _mm512_loadu_ps(w + i), a0);
+    a1 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_and_si512(_mm512_srli_epi32(b, 2), three)),
+                         _mm512_loadu_ps(w + run + i), a1);
+    a2 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_and_si512(_mm512_srli_epi32(b, 4), three)),
+                         _mm512_loadu_ps(w + 2 * run + i), a2);
+    a3 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_srli_epi32(b, 6)), _mm512_loadu_ps(w + 3 * run + i), a3);
+  }
+  s = hsum(_mm512_add_ps(_mm512_add_ps(a0, a1), _mm512_add_ps(a2, a3)));
+#elif defined(__AVX2__) && defined(__FMA__)
+  __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+  const __m256i three = _mm256_set1_epi32(3);
+  for (; i + 8 <= run; i += 8) {
+    const __m256i b = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(row + i)));
+    a0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_and_si256(b, three)), _mm256_loadu_ps(w + i), a0);
+    a1 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_and_si256(_mm256_srli_epi32(b, 2), three)),
+                         _mm256_loadu_ps(w + run + i), a1);
+    a2 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_and_si256(_mm256_srli_epi32(b, 4), three)),
+                         _mm256_loadu_ps(w + 2 * run + i), a2);
+    a3 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_srli_epi32(b, 6)), _mm256_loadu_ps(w + 3 * run + i), a3);
+  }
+  s = hsum(_mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)));
+#endif
+  for (; i < run; ++i) {
+    const unsigned b = row[i];
+    s += w[i] * static_cast<float>(b & 3u) + w[run + i] * static_cast<float>((b >> 2) & 3u) +
+         w[2 * run + i] * static_cast<float>((b >> 4) & 3u) + w[3 * run + i] * static_cast<float>(b >> 6);
+  }
+  return s;
+}
+
+inline void axpy_crumbs(float a, const std::uint8_t* row, float* acc, std::int64_t run) {
+  std::int64_t i = 0;
+#if defined(__AVX512F__)
+  const __m512 av = _mm512_set1_ps(a);
+  const __m512i three = _mm512_set1_epi32(3);
+  for (; i + 16 <= run; i += 16) {
+    const __m512i b = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(row + i)));
+    for (int k = 0; k < 4; ++k) {
+      const __m512i c =
+          k == 3 ? _mm512_srli_epi32(b, 6) : _mm512_and_si512(_mm512_srl_epi32(b, _mm_cvtsi32_si128(2 * k)), three);
+      float* dst = acc + k * run + i;
+      _mm512_storeu_ps(dst, _mm512_fmadd_ps(av, _mm512_cvtepi32_ps(c), _mm512_loadu_ps(dst)));
+    }
+  }
+#elif defined(__AVX2__) && defined(__FMA__)
+  const __m256 av = _mm256_set1_ps(a);
+  const __m256i three = _mm256_set1_epi32(3);
+  for (; i + 8 <= run; i += 8) {
+    const __m256i b = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(row + i)));
+    for (int k = 0; k < 4; ++k) {
+      const __m256i c =
+          k == 3 ? _mm256_srli_epi32(b, 6) : _mm256_and_si256(_mm256_srl_epi32(b, _mm_cvtsi32_si128(2 * k)), three);
+      float* dst = acc + k * run + i;
+      _mm256_storeu_ps(dst, _mm256_fmadd_ps(av, _mm256_cvtepi32_ps(c), _mm256_loadu_ps(dst)));
+    }
+  }
+#endif
+  for (; i < run; ++i) {
+    const unsigned b = row[i];
+    acc[i] += a * static_cast<float>(b & 3u);
+    acc[run + i] += a * static_cast<float>((b >> 2) & 3u);
+    acc[2 * run + i] += a * static_cast<float>((b >> 4) & 3u);
+    acc[3 * run + i] += a * static_cast<float>(b >> 6);
+  }
 }
 
 // 4-bit rows: byte i holds channel 2i (low nibble) and 2i+1 (high nibble);
@@ -376,7 +453,7 @@ namespace {
 
 // Per-thread scratch of the decode paths (no allocation per block).
 struct Scratch {
-  std::vector<float> qd, bias, kmin, row, acc, base, sparse, params;
+  std::vector<float> qd, bias, kmin, row, acc, base, sparse, params, codes;
   float* get(std::vector<float>& v, std::int64_t n) {
     if (static_cast<std::int64_t>(v.size()) < n) v.resize(static_cast<std::size_t>(n));
     return v.data();
@@ -398,21 +475,75 @@ struct Phases {
   std::int64_t slot(std::int64_t c) const { return per == 1 ? c : (c % per) * run + c / per; }
 };
 
+// Eight 3-bit codes from three bytes.
+inline std::uint32_t triple(const std::uint8_t* b) {
+  return b[0] | (static_cast<std::uint32_t>(b[1]) << 8) | (static_cast<std::uint32_t>(b[2]) << 16);
+}
+
+// A row in channel order as floats: 3-bit codes eight at a time (three bytes
+// hold eight codes), other widths code by code.
+inline void unpack_row(const std::uint8_t* row, const Phases& ph, float* out) {
+  std::int64_t c = 0;
+  if (ph.bits == 3) {
+    for (; c + 8 <= ph.dim; c += 8) {
+      const std::uint32_t v = triple(row + c / 8 * 3);
+      for (int k = 0; k < 8; ++k) out[c + k] = static_cast<float>((v >> (3 * k)) & 7u);
+    }
+  }
+  for (; c < ph.dim; ++c) out[c] = static_cast<float>(packed_code(row, c, ph.bits));
+}
+
+// Dot product and axpy over a row in channel order (3-bit and odd widths).
+inline float dot_row(const std::uint8_t* row, const float* w, const Phases& ph) {
+#if defined(__AVX2__) && defined(__FMA__)
+  if (ph.bits == 3) {
+    const __m256i shifts = _mm256_setr_epi32(0, 3, 6, 9, 12, 15, 18, 21), seven = _mm256_set1_epi32(7);
+    __m256 acc = _mm256_setzero_ps();
+    std::int64_t c = 0;
+    for (; c + 8 <= ph.dim; c += 8) {
+      const __m256i v = _mm256_and_si256(
+          _mm256_srlv_epi32(_mm256_set1_epi32(static_cast<int>(triple(row + c / 8 * 3))), shifts), seven);
+      acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(v), _mm256_loadu_ps(w + c), acc);
+    }
+    float s = hsum(acc);
+    for (; c < ph.dim; ++c) s += w[c] * static_cast<float>(packed_code(row, c, 3));
+    return s;
+  }
+#endif
+  float* codes = scratch.get(scratch.codes, ph.dim);
+  unpack_row(row, ph, codes);
+  return dot(w, codes, ph.dim);
+}
+
+inline void axpy_row(float a, const std::uint8_t* row, float* acc, const Phases& ph) {
+#if defined(__AVX2__) && defined(__FMA__)
+  if (ph.bits == 3) {
+    const __m256i shifts = _mm256_setr_epi32(0, 3, 6, 9, 12, 15, 18, 21), seven = _mm256_set1_epi32(7);
+    const __m256 av = _mm256_set1_ps(a);
+    std::int64_t c = 0;
+    for (; c + 8 <= ph.dim; c += 8) {
+      const __m256i v = _mm256_and_si256(
+          _mm256_srlv_epi32(_mm256_set1_epi32(static_cast<int>(triple(row + c / 8 * 3))), shifts), seven);
+      _mm256_storeu_ps(acc + c, _mm256_fmadd_ps(av, _mm256_cvtepi32_ps(v), _mm256_loadu_ps(acc + c)));
+    }
+    for (; c < ph.dim; ++c) acc[c] += a * static_cast<float>(packed_code(row, c, 3));
+    return;
+  }
+#endif
+  float* codes = scratch.get(scratch.codes, ph.dim);
+  unpack_row(row, ph, codes);
+  axpy(a, codes, acc, ph.dim);
+}
+
 // sum_slot w[slot] * code(slot) over one packed row (w in phase-major order).
 inline float dot_codes(const std::uint8_t* row, const float* w, const Phases& ph) {
   float s = 0;
   if (ph.per == 2) {
     s = dot_nibbles(row, w, ph.run);
   } else if (ph.per == 4) {
-    const float *w1 = w + ph.run, *w2 = w + 2 * ph.run, *w3 = w + 3 * ph.run;
-#pragma omp simd reduction(+ : s)
-    for (std::int64_t i = 0; i < ph.run; ++i) {
-      const unsigned b = row[i];
-      s += w[i] * static_cast<float>(b & 3u) + w1[i] * static_cast<float>((b >> 2) & 3u) +
-           w2[i] * static_cast<float>((b >> 4) & 3u) + w3[i] * static_cast<float>(b >> 6);
-    }
+    s = dot_crumbs(row, w, ph.run);
   } else {
-    for (std::int64_t c = 0; c < ph.dim; ++c) s += w[c] * static_cast<float>(packed_code(row, c, ph.bits));
+    s = dot_row(row, w, ph);
   }
   return s;
 }
@@ -422,17 +553,9 @@ inline void axpy_codes(float a, const std::uint8_t* row, float* acc, const Phase
   if (ph.per == 2) {
     axpy_nibbles(a, row, acc, ph.run);
   } else if (ph.per == 4) {
-    float *a1 = acc + ph.run, *a2 = acc + 2 * ph.run, *a3 = acc + 3 * ph.run;
-#pragma omp simd
-    for (std::int64_t i = 0; i < ph.run; ++i) {
-      const unsigned b = row[i];
-      acc[i] += a * static_cast<float>(b & 3u);
-      a1[i] += a * static_cast<float>((b >> 2) & 3u);
-      a2[i] += a * static_cast<float>((b >> 4) & 3u);
-      a3[i] += a * static_cast<float>(b >> 6);
-    }
+    axpy_crumbs(a, row, acc, ph.run);
   } else {
-    for (std::int64_t c = 0; c < ph.dim; ++c) acc[c] += a * static_cast<float>(packed_code(row, c, ph.bits));
+    axpy_row(a, row, acc, ph);
   }
 }
 
@@ -694,8 +817,25 @@ void HexLayerCache::attend(const float* q, std::int64_t q_heads, float scale, fl
   require(q_heads >= m.heads && q_heads % m.heads == 0, "query heads must be a multiple of KV heads");
   require(m.tokens >= 1, "attention over an empty cache");
   const std::int64_t group = q_heads / m.heads, d = m.dim, S = m.tokens;
+  // Exceptions (bad_alloc) must not leave the OpenMP region: the first one is
+  // kept and rethrown after it.
+  std::exception_ptr failure;
 #pragma omp parallel for schedule(static) if (m.heads > 1 && S * d * group > (1 << 16))
   for (std::int64_t h = 0; h < m.heads; ++h) {
+    try {
+      attend_head(m, h, q, group, scale, out, probs);
+    } catch (...) {
+#pragma omp critical(kvcal_hex_attend)
+      if (!failure) failure = std::current_exception();
+    }
+  }
+  if (failure) std::rethrow_exception(failure);
+}
+
+void HexLayerCache::attend_head(const Impl& m, std::int64_t h, const float* q, std::int64_t group, float scale,
+                                float* out, float* probs) {
+  const std::int64_t d = m.dim, S = m.tokens;
+  {
     const Impl::Head& hd = m.head[static_cast<std::size_t>(h)];
     const float* qh = q + h * group * d;
     float* oh = out + h * group * d;

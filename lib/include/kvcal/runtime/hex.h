@@ -166,6 +166,8 @@ class KVCAL_RUNTIME_API HexLayerCache {
 
  private:
   struct Impl;
+  static void attend_head(const Impl& m, std::int64_t head, const float* q, std::int64_t group, float scale, float* out,
+                          float* probs);
   std::unique_ptr<Impl> impl_;
 };
 
