@@ -654,6 +654,19 @@ case_eval_fidelity_bad_input() {
     expect_clean_failure kvcal -q eval-fidelity $c
     expect_empty_dir .
   done
+  # An infinite value in the recorded V: one error line for every kind of method.
+  if python3 -c "import h5py, numpy" 2>/dev/null; then
+    fresh_dir fidinf
+    cp "$data/smollm2_long.h5" inf.h5
+    python3 -c "import h5py, numpy; f = h5py.File('inf.h5', 'r+'); d = f['samples/sample_000/values']; x = d[0]; x[0, 5, 3] = numpy.inf; d[0] = x"
+    for m in kcvt4 chess-moderate h2o-evict; do
+      expect_clean_failure kvcal -q eval-fidelity --dump inf.h5 --methods "$m" --out r.csv
+      expect_stderr_has "non-finite"
+      expect_no_file r.csv
+    done
+  else
+    echo "note: h5py missing, skipping the non-finite value check" >&2
+  fi
 }
 
 # Inputs found by fuzzing that crash inside libhdf5 1.10 (not in kvcal): every

@@ -116,6 +116,7 @@ ChessReplay replay_chess(const rt::ChessOptions& opt, const std::vector<std::vec
   for (std::int64_t t = 0; t < N; ++t) add_token(t);
   ChessReplay r;
   std::vector<std::int32_t> selected = index.select();
+  std::int64_t selected_at = index.pages();  // pages that existed when `selected` was chosen
   ++r.selections;
   std::unique_ptr<rt::ReselectionTrigger> trigger;
   if (rule) trigger = std::make_unique<rt::ReselectionTrigger>(*rule);
@@ -125,6 +126,8 @@ ChessReplay replay_chess(const rt::ChessOptions& opt, const std::vector<std::vec
     const std::int64_t P = index.pages(), n = N + t + 1;
     std::vector<std::uint8_t> page(static_cast<std::size_t>(P), 0);
     for (const std::int32_t p : selected) page[static_cast<std::size_t>(p)] = 1;
+    // Pages completed since the last selection were never scored: they stay.
+    for (std::int64_t p = selected_at; p < P; ++p) page[static_cast<std::size_t>(p)] = 1;
     for (std::int64_t p = 0; p < std::min(P, opt.sink_pages); ++p) page[static_cast<std::size_t>(p)] = 1;
     for (std::int64_t p = std::max<std::int64_t>(0, P - opt.recent_pages); p < P; ++p)
       page[static_cast<std::size_t>(p)] = 1;
@@ -143,6 +146,7 @@ ChessReplay replay_chess(const rt::ChessOptions& opt, const std::vector<std::vec
     if (trigger && N + t < static_cast<std::int64_t>(entropy.size()) &&
         trigger->push(entropy[static_cast<std::size_t>(N + t)], varentropy[static_cast<std::size_t>(N + t)])) {
       selected = index.select();
+      selected_at = index.pages();
       ++r.selections;
     }
   }
@@ -292,16 +296,24 @@ FidelityReport eval_fidelity(const std::string& dump_path, const FidelityOptions
         rt::halves_to_floats(qkv.queries.data(), static_cast<std::int64_t>(q.size()), q.data());
         KVCAL_CHECK(std::all_of(q.begin(), q.end(), [](float x) { return std::isfinite(x); }),
                     "{}: sample '{}', layer {}: non-finite query", dump_path, s.name, l);
+        const auto finite = [](const std::vector<std::uint16_t>& x) {
+          return std::none_of(x.begin(), x.end(), [](std::uint16_t h) { return (h & 0x7c00u) == 0x7c00u; });
+        };
+        KVCAL_CHECK(finite(qkv.keys) && finite(qkv.values), "{}: sample '{}', layer {}: non-finite key or value",
+                    dump_path, s.name, l);
         const auto kh = [&](std::int64_t h) { return qkv.keys.data() + h * S * Dh; };
         const auto vh = [&](std::int64_t h) { return qkv.values.data() + h * S * Dh; };
         // Reference outputs and weights [T][Hq][...] over the fp16 keys/values,
         // and a check of the recording (the recorded rows are KV-head means).
         std::vector<float> ref(static_cast<std::size_t>(T * Hq * Dh));
+        // The weights are kept per step only for CHESS's attention mass.
+        const bool keep_probs = uses(Kind::chess);
         std::vector<std::vector<float>> probs(static_cast<std::size_t>(T));
+        std::vector<float> step_probs;
         double diff = 0;
         for (std::int64_t t = 0; t < T; ++t) {
           const std::int64_t n = N + t + 1;
-          auto& p = probs[static_cast<std::size_t>(t)];
+          auto& p = keep_probs ? probs[static_cast<std::size_t>(t)] : step_probs;
           p.resize(static_cast<std::size_t>(Hq * n));
           for (std::int64_t h = 0; h < Hkv; ++h) {
             float* ph = p.data() + h * group * n;

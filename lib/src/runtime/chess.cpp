@@ -11,6 +11,10 @@ namespace {
 void require(bool cond, const std::string& what) {
   if (!cond) throw Error(what);
 }
+// Literal messages: no string is built unless the check fails.
+void require(bool cond, const char* what) {
+  if (!cond) throw Error(what);
+}
 
 bool ratio_ok(double r) { return std::isfinite(r) && r > 0 && r <= 1; }
 
@@ -174,7 +178,8 @@ void ChessIndex::append(const float* keys, std::int64_t n, std::int64_t stride) 
   require(n >= 0 && (n == 0 || stride >= impl_->dim), "bad token count or stride");
   for (std::int64_t t = 0; t < n; ++t)
     for (std::int64_t i = 0; i < impl_->dim; ++i)
-      require(std::isfinite(keys[t * stride + i]), "non-finite key at token " + std::to_string(impl_->tokens + t));
+      if (!std::isfinite(keys[t * stride + i]))
+        throw Error("non-finite key at token " + std::to_string(impl_->tokens + t));
   for (std::int64_t t = 0; t < n; ++t) impl_->add_token(keys + t * stride);
 }
 
@@ -183,8 +188,8 @@ void ChessIndex::append(const half_bits* keys, std::int64_t n, std::int64_t stri
   // The whole batch is checked first: a rejected call appends nothing.
   for (std::int64_t t = 0; t < n; ++t)
     for (std::int64_t i = 0; i < impl_->dim; ++i)
-      require((keys[t * stride + i] & 0x7c00u) != 0x7c00u,
-              "non-finite key at token " + std::to_string(impl_->tokens + t));
+      if ((keys[t * stride + i] & 0x7c00u) == 0x7c00u)
+        throw Error("non-finite key at token " + std::to_string(impl_->tokens + t));
   std::vector<float> row(static_cast<std::size_t>(impl_->dim));
   for (std::int64_t t = 0; t < n; ++t) {
     halves_to_floats(keys + t * stride, impl_->dim, row.data());

@@ -13,6 +13,10 @@ namespace {
 void require(bool cond, const std::string& what) {
   if (!cond) throw Error(what);
 }
+// Literal messages: no string is built unless the check fails.
+void require(bool cond, const char* what) {
+  if (!cond) throw Error(what);
+}
 
 }  // namespace
 

@@ -18,6 +18,10 @@ namespace {
 void require(bool cond, const std::string& what) {
   if (!cond) fail(what);
 }
+// Literal messages: no string is built unless the check fails.
+void require(bool cond, const char* what) {
+  if (!cond) throw Error(what);
+}
 
 // Rows ahead of the one being decoded whose codes are requested early: a
 // block's codes are a few kilobytes, too short for the hardware prefetcher
@@ -220,6 +224,25 @@ inline void axpy_nibbles(float a, const std::uint8_t* row, float* acc, std::int6
   }
 }
 
+// A mask built by the caller is checked like one read from a file: equal row
+// degrees (row i starts at i * d1), columns in range and strictly ascending.
+void check_mask(const Mask& m) {
+  require(m.rows >= 1 && m.cols >= 1 && m.row_degree >= 1 && m.row_degree <= m.cols,
+          "the expander mask's shape or row degree is out of range");
+  require(m.nnz() == m.rows * m.row_degree && static_cast<std::int64_t>(m.indptr.size()) == m.rows + 1,
+          "the expander mask's indptr/indices sizes do not match rows x row_degree");
+  for (std::int64_t i = 0; i < m.rows; ++i) {
+    if (m.indptr[static_cast<std::size_t>(i)] != i * m.row_degree)
+      fail("the expander mask's rows do not all have row_degree entries (row " + std::to_string(i) + ")");
+    for (std::int64_t e = 0; e < m.row_degree; ++e) {
+      const std::int32_t c = m.indices[static_cast<std::size_t>(i * m.row_degree + e)];
+      const bool ascending = e == 0 || c > m.indices[static_cast<std::size_t>(i * m.row_degree + e - 1)];
+      if (c < 0 || c >= m.cols || !ascending)
+        fail("the expander mask's row " + std::to_string(i) + " has a column out of range, repeated or unsorted");
+    }
+  }
+}
+
 bool finite_halves(const half_bits* x, std::int64_t n) {
   for (std::int64_t i = 0; i < n; ++i)
     if ((x[i] & 0x7c00u) == 0x7c00u) return false;
@@ -341,8 +364,8 @@ HexBlock hex_compress_block(const half_bits* k, const half_bits* v, std::int64_t
   require(dim >= 1 && stride >= dim, "bad head_dim or token stride");
   require(bits == 0 || (bits >= 2 && bits <= 4), "bits must be 0, 2, 3 or 4");
   for (std::int64_t t = 0; t < tokens; ++t)
-    require(finite_halves(k + t * stride, dim) && finite_halves(v + t * stride, dim),
-            "non-finite key or value at block token " + std::to_string(t));
+    if (!finite_halves(k + t * stride, dim) || !finite_halves(v + t * stride, dim))
+      fail("non-finite key or value at block token " + std::to_string(t));
   HexBlock b;
   b.tokens = static_cast<std::int32_t>(tokens);
   b.head_dim = static_cast<std::int32_t>(dim);
@@ -358,9 +381,8 @@ HexBlock hex_compress_block(const half_bits* k, const half_bits* v, std::int64_t
     return b;
   }
   if (mask) {
-    require(mask->rows >= tokens && mask->cols == dim && mask->row_degree >= 1 &&
-                mask->nnz() == mask->rows * mask->row_degree,
-            "the expander mask's shape does not fit the block");
+    require(mask->rows >= tokens && mask->cols == dim, "the expander mask's shape does not fit the block");
+    check_mask(*mask);
     b.mask = std::move(mask);
   }
   const std::int64_t d1 = b.mask ? b.mask->row_degree : 0;
@@ -719,34 +741,40 @@ struct HexLayerCache::Impl {
   }
 
   // Compresses the full blocks waiting in the residual buffers.
+  // Compresses the full blocks waiting in the residual buffers. Strong
+  // guarantee: the new blocks are built aside and committed with operations
+  // that cannot throw, so a failure (bad_alloc) leaves the cache as it was.
   void flush() {
     const std::int64_t n = opt.block;
     const std::int64_t waiting = tokens - compressed;
     const std::int64_t new_blocks = waiting / n;
     if (new_blocks == 0) return;
+    const auto H = static_cast<std::size_t>(heads);
+    std::vector<std::vector<HexBlock>> built(H);
     if (opt.mode == HexMode::append) {
       for (std::int64_t b = 0; b < new_blocks; ++b) {
-        const std::int64_t start = compressed + b * n;
-        const auto keep = keep_rows(start);
-        for (Head& hd : head) hd.blocks.push_back(compress(hd, keep, b * n));
+        const auto keep = keep_rows(compressed + b * n);
+        for (std::size_t h = 0; h < H; ++h) built[h].push_back(compress(head[h], keep, b * n));
       }
-      compressed += new_blocks * n;
-      for (Head& hd : head) {
+      for (std::size_t h = 0; h < H; ++h) head[h].blocks.reserve(head[h].blocks.size() + built[h].size());
+      // Commit: nothing below throws.
+      for (std::size_t h = 0; h < H; ++h) {
+        Head& hd = head[h];
+        for (HexBlock& blk : built[h]) hd.blocks.push_back(std::move(blk));
         hd.res_k.erase(hd.res_k.begin(), hd.res_k.begin() + new_blocks * n * dim);
         hd.res_v.erase(hd.res_v.begin(), hd.res_v.begin() + new_blocks * n * dim);
       }
+      compressed += new_blocks * n;
       return;
     }
     // Full mode: every block again, from the fp16 source kept in res_k/res_v.
-    compressed += new_blocks * n;
-    const std::int64_t blocks = compressed / n;
-    std::vector<std::vector<std::uint8_t>> keeps;
-    for (std::int64_t b = 0; b < blocks; ++b) keeps.push_back(keep_rows(b * n));
-    for (Head& hd : head) {
-      hd.blocks.clear();
-      for (std::int64_t b = 0; b < blocks; ++b)
-        hd.blocks.push_back(compress(hd, keeps[static_cast<std::size_t>(b)], b * n));
+    const std::int64_t blocks = (compressed + new_blocks * n) / n;
+    for (std::int64_t b = 0; b < blocks; ++b) {
+      const auto keep = keep_rows(b * n);
+      for (std::size_t h = 0; h < H; ++h) built[h].push_back(compress(head[h], keep, b * n));
     }
+    for (std::size_t h = 0; h < H; ++h) head[h].blocks.swap(built[h]);
+    compressed += new_blocks * n;
   }
 
   // Offset of the residual (uncompressed) rows inside res_k/res_v.
@@ -760,10 +788,10 @@ HexLayerCache::HexLayerCache(std::int64_t kv_heads, std::int64_t head_dim, const
   require(kv_heads >= 1 && head_dim >= 1, "a layer cache needs at least one KV head and one channel");
   if (options.expander && options.bits != 0) {
     require(mask != nullptr, "the expander method needs a mask");
-    require(mask->rows == options.block && mask->cols == head_dim && mask->row_degree >= 1 &&
-                mask->nnz() == mask->rows * mask->row_degree,
+    require(mask->rows == options.block && mask->cols == head_dim,
             "the mask's shape " + std::to_string(mask->rows) + "x" + std::to_string(mask->cols) +
                 " does not match block x head_dim = " + std::to_string(options.block) + "x" + std::to_string(head_dim));
+    check_mask(*mask);
   }
   impl_->heads = kv_heads;
   impl_->dim = head_dim;
@@ -784,9 +812,15 @@ void HexLayerCache::append(const half_bits* k, const half_bits* v, std::int64_t 
     for (std::int64_t i = 0; i < n; ++i) {
       const half_bits* kr = k + h * head_stride + i * token_stride;
       const half_bits* vr = v + h * head_stride + i * token_stride;
-      require(finite_halves(kr, m.dim) && finite_halves(vr, m.dim),
-              "non-finite key or value (head " + std::to_string(h) + ", token " + std::to_string(m.tokens + i) + ")");
+      if (!finite_halves(kr, m.dim) || !finite_halves(vr, m.dim))
+        fail("non-finite key or value (head " + std::to_string(h) + ", token " + std::to_string(m.tokens + i) + ")");
     }
+  // Room first (may throw, changes nothing), then the rows (cannot throw).
+  for (auto& hd : m.head) {
+    hd.res_k.reserve(hd.res_k.size() + static_cast<std::size_t>(n * m.dim));
+    hd.res_v.reserve(hd.res_v.size() + static_cast<std::size_t>(n * m.dim));
+  }
+  const std::size_t before = m.head.front().res_k.size();
   for (std::int64_t h = 0; h < m.heads; ++h) {
     auto& hd = m.head[static_cast<std::size_t>(h)];
     for (std::int64_t i = 0; i < n; ++i) {
@@ -797,7 +831,16 @@ void HexLayerCache::append(const half_bits* k, const half_bits* v, std::int64_t 
     }
   }
   m.tokens += n;
-  m.flush();
+  try {
+    m.flush();
+  } catch (...) {  // undo: the cache is as before the call
+    m.tokens -= n;
+    for (auto& hd : m.head) {
+      hd.res_k.resize(before);
+      hd.res_v.resize(before);
+    }
+    throw;
+  }
 }
 
 void HexLayerCache::observe(const float* attn, std::int64_t heads, std::int64_t tokens, std::int64_t head_stride) {

@@ -1472,3 +1472,31 @@ TEST(RuntimeHex, H2ORejectsBadInput) {
 
 }  // namespace
 }  // namespace kvcal::runtime
+
+// Masks an engine builds itself are checked like masks read from a file.
+TEST(RuntimeHex, HandBuiltMasksAreChecked) {
+  namespace rt = kvcal::runtime;
+  const auto make = [](std::vector<std::int32_t> indices) {
+    auto m = std::make_shared<rt::Mask>();
+    m->rows = 4;
+    m->cols = 8;
+    m->row_degree = 2;
+    m->indptr = {0, 2, 4, 6, 8};
+    m->indices = std::move(indices);
+    return m;
+  };
+  rt::HexOptions o = rt::hex_method("hex4");
+  o.block = 4;
+  EXPECT_NO_THROW(rt::HexLayerCache(1, 8, o, make({0, 4, 1, 5, 2, 6, 3, 7})));
+  EXPECT_THROW(rt::HexLayerCache(1, 8, o, make({0, 4, 1, 5, 2, 6, 3, 8})), rt::Error);   // column out of range
+  EXPECT_THROW(rt::HexLayerCache(1, 8, o, make({0, 4, 1, 1, 2, 6, 3, 7})), rt::Error);   // repeated column
+  EXPECT_THROW(rt::HexLayerCache(1, 8, o, make({0, 4, 5, 1, 2, 6, 3, 7})), rt::Error);   // unsorted
+  EXPECT_THROW(rt::HexLayerCache(1, 8, o, make({0, 4, 1, 5, 2, 6, 3, -1})), rt::Error);  // negative
+  auto bad_indptr = make({0, 4, 1, 5, 2, 6, 3, 7});
+  bad_indptr->indptr = {0, 1, 4, 6, 8};
+  EXPECT_THROW(rt::HexLayerCache(1, 8, o, bad_indptr), rt::Error);
+  // The kernel-level entry point checks too.
+  std::vector<rt::half_bits> k(4 * 8, rt::float_to_half(1.0f)), v = k;
+  EXPECT_THROW(rt::hex_compress_block(k.data(), v.data(), 4, 8, 8, nullptr, make({0, 4, 1, 5, 2, 6, 3, 9}), 4),
+               rt::Error);
+}

@@ -13,7 +13,8 @@
 // layer's keys; pages are selected after the prompt and again whenever the
 // re-selection trigger fires (thresholds from --bundle; without a bundle the
 // prompt's selection stays); every query head attends the selected pages,
-// the sinks, the recent window and the partial page, in fp16.
+// the sinks, the recent window, the pages completed since the last selection
+// (never scored yet) and the partial page, in fp16.
 // HeteroCache (hetero, needs --bundle): full heads keep everything; anchors
 // and satellites keep their top-l_i prompt tokens by their own prefill
 // attention plus every decode token; pivots monitor drift (window W) and on

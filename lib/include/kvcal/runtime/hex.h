@@ -144,6 +144,7 @@ class KVCAL_RUNTIME_API HexLayerCache {
   // Appends n tokens to every head: head h's token i at k + h*head_stride +
   // i*token_stride (head_dim halves). Full blocks are compressed (a prefix
   // appended at once: all its full blocks, after all its tokens arrived).
+  // Strong guarantee: on an exception the cache is unchanged.
   void append(const half_bits* k, const half_bits* v, std::int64_t n, std::int64_t head_stride,
               std::int64_t token_stride);
 
@@ -161,7 +162,9 @@ class KVCAL_RUNTIME_API HexLayerCache {
   std::int64_t bytes() const;              // blocks + fp16 residual, all heads
   std::int64_t fp16_bytes() const;         // the same tokens uncompressed: tokens * head_dim * 2 * 2 * kv_heads
   const HexOptions& options() const;
-  // The blocks of one head (for GPU upload and inspection).
+  // The blocks of one head (for GPU upload and inspection). The views point
+  // into the cache: valid until the next append() (in full mode every block
+  // is rebuilt at a block boundary).
   std::vector<HexBlockView> blocks(std::int64_t head) const;
 
  private:
