@@ -17,6 +17,7 @@
 
 #include "kvcal/core/random.h"
 #include "kvcal/profile/entropy.h"
+#include "streaming_read.h"
 
 namespace {
 
@@ -57,27 +58,8 @@ void streaming_read(benchmark::State& state) {
   const Logits& l = logits();
   const auto n = static_cast<std::int64_t>(l.data.size());
   const int threads = static_cast<int>(state.range(0));
-  typedef float vf16 __attribute__((vector_size(64)));
   for (auto _ : state) {
-    float total = 0;
-#pragma omp parallel num_threads(threads) reduction(+ : total)
-    {
-      // Each thread sums a contiguous slice with four 16-lane accumulators.
-      const int t = omp_get_thread_num(), nt = omp_get_num_threads();
-      const std::int64_t per = n / nt / 64 * 64;
-      const std::int64_t begin = t * per, end = t + 1 == nt ? n / 64 * 64 : begin + per;
-      vf16 a0{}, a1{}, a2{}, a3{};
-      for (std::int64_t i = begin; i < end; i += 64) {
-        vf16 x0, x1, x2, x3;
-        std::memcpy(&x0, l.data.data() + i, 64);
-        std::memcpy(&x1, l.data.data() + i + 16, 64);
-        std::memcpy(&x2, l.data.data() + i + 32, 64);
-        std::memcpy(&x3, l.data.data() + i + 48, 64);
-        a0 += x0, a1 += x1, a2 += x2, a3 += x3;
-      }
-      const vf16 a = a0 + a1 + a2 + a3;
-      for (int k = 0; k < 16; ++k) total += a[k];
-    }
+    const float total = kvcal::bench::streaming_sum(l.data.data(), n, threads);
     benchmark::DoNotOptimize(total);
   }
   state.SetBytesProcessed(state.iterations() * n * static_cast<std::int64_t>(sizeof(float)));

@@ -5,16 +5,14 @@
 #include <cstring>
 #include <string>
 
-namespace kvcal::runtime {
-namespace {
+#include "runtime/checks.h"
 
-void require(bool cond, const std::string& what) {
-  if (!cond) throw Error(what);
-}
-// Literal messages: no string is built unless the check fails.
-void require(bool cond, const char* what) {
-  if (!cond) throw Error(what);
-}
+namespace kvcal::runtime {
+
+using detail::fail;
+using detail::require;
+
+namespace {
 
 bool ratio_ok(double r) { return std::isfinite(r) && r > 0 && r <= 1; }
 

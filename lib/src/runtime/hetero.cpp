@@ -6,19 +6,11 @@
 #include <string>
 
 #include "kvcal/runtime/bundle.h"
+#include "runtime/checks.h"
 
 namespace kvcal::runtime {
-namespace {
 
-void require(bool cond, const std::string& what) {
-  if (!cond) throw Error(what);
-}
-// Literal messages: no string is built unless the check fails.
-void require(bool cond, const char* what) {
-  if (!cond) throw Error(what);
-}
-
-}  // namespace
+using detail::require;
 
 std::vector<std::int32_t> top_indices(const float* values, std::int64_t n, std::int64_t k) {
   require(n >= 0 && k >= 0, "negative size");

@@ -10,18 +10,14 @@
 #include <immintrin.h>
 #endif
 
+#include "runtime/checks.h"
+
 namespace kvcal::runtime {
+
+using detail::fail;
+using detail::require;
+
 namespace {
-
-[[noreturn]] void fail(const std::string& what) { throw Error(what); }
-
-void require(bool cond, const std::string& what) {
-  if (!cond) fail(what);
-}
-// Literal messages: no string is built unless the check fails.
-void require(bool cond, const char* what) {
-  if (!cond) throw Error(what);
-}
 
 // Rows ahead of the one being decoded whose codes are requested early: a
 // block's codes are a few kilobytes, too short for the hardware prefetcher
