@@ -285,6 +285,13 @@ std::int64_t AttentionDump::qkv_head_dim(const DumpSample& s) const {
                 dh);
     dh = info.dims[3];
   }
+  // One layer's queries, keys and values are read at once: refuse what could not fit.
+  const double layer_bytes = 2.0 * static_cast<double>(dh) *
+                             (static_cast<double>(s.steps) * static_cast<double>(q_heads_) +
+                              2.0 * static_cast<double>(kv_heads_) * static_cast<double>(s.prompt_len + s.steps));
+  KVCAL_CHECK(layer_bytes <= static_cast<double>(std::int64_t{1} << 34),
+              "{}: one layer's queries, keys and values take {:.3g} GB, more than kvcal reads at once (16 GiB)", ctx,
+              layer_bytes / 1e9);
   return dh;
 }
 
