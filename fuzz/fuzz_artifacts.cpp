@@ -1,6 +1,7 @@
 // Fuzz target for the artifact readers: the input bytes are written to a file
 // and given to every reader kvcal has (validate, inspect, the mask, head
-// profile, entropy and dump readers). Any kvcal::Error is a clean rejection;
+// profile, entropy and dump readers, the runtime's Bundle::open). Any
+// kvcal::Error or kvcal::runtime::Error is a clean rejection;
 // anything else (a crash, a sanitizer report, an uncaught exception) is a bug.
 //
 // Built by scripts/fuzz.sh with clang's libFuzzer; the same function replays
@@ -18,6 +19,7 @@
 #include "kvcal/io/head_profile.h"
 #include "kvcal/io/masks.h"
 #include "kvcal/io/validate.h"
+#include "kvcal/runtime/bundle.h"
 
 namespace {
 
@@ -34,6 +36,7 @@ void guarded(F&& f) {
   try {
     f();
   } catch (const kvcal::Error&) {
+  } catch (const kvcal::runtime::Error&) {
   }
 }
 
@@ -55,8 +58,14 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   guarded([&] { (void)kvcal::read_entropy_calibration(path); });
   guarded([&] {
     kvcal::AttentionDump d(path);
-    for (const auto& s : d.samples()) (void)d.read_layer(s, 0, kvcal::GqaReduce::mean, 2e-2, 1);
+    for (const auto& s : d.samples()) {
+      (void)d.read_layer(s, 0, kvcal::GqaReduce::mean, 2e-2, 1);
+      guarded([&] {
+        if (d.qkv_head_dim(s) > 0) (void)d.read_qkv_layer(s, 0);
+      });
+    }
   });
+  guarded([&] { (void)kvcal::runtime::Bundle::open(path); });
   std::remove(path.c_str());
   return 0;
 }
