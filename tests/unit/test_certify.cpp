@@ -35,10 +35,14 @@ void check_against_dense(const CsrMask& m, const Certificate& c, std::int64_t kw
   EXPECT_DOUBLE_EQ(c.ramanujan_bound, std::sqrt(c.row_degree - 1.0) + std::sqrt(c.col_degree - 1.0));
   // The certificate never claims what the dense spectrum denies, and proves
   // every case that is not within rounding of the bound.
-  if (c.ramanujan) EXPECT_LE(s2, c.ramanujan_bound + 1e-9);
+  if (c.ramanujan) {
+    EXPECT_LE(s2, c.ramanujan_bound + 1e-9);
+  }
   const double tau = c.ramanujan_bound;
   if (kw_steps == 0 || std::min(m.rows, m.cols) == 1) {
-    if (s2 < tau - 1e-6) EXPECT_TRUE(c.ramanujan) << "dense sigma2 " << s2 << " tau " << tau;
+    if (s2 < tau - 1e-6) {
+      EXPECT_TRUE(c.ramanujan) << "dense sigma2 " << s2 << " tau " << tau;
+    }
   } else if (s2 < tau) {
     const double eps = 1 - (s2 * s2) / (tau * tau);
     const double n = static_cast<double>(std::min(m.rows, m.cols));
@@ -48,7 +52,9 @@ void check_against_dense(const CsrMask& m, const Certificate& c, std::int64_t kw
       EXPECT_TRUE(c.ramanujan) << "dense sigma2 " << s2 << " tau " << tau;
     }
   }
-  if (s2 > c.ramanujan_bound + 1e-9) EXPECT_FALSE(c.ramanujan);
+  if (s2 > c.ramanujan_bound + 1e-9) {
+    EXPECT_FALSE(c.ramanujan);
+  }
   EXPECT_NEAR(c.margin, c.ramanujan_bound - c.sigma2, 1e-12 * std::max(1.0, c.ramanujan_bound));
 }
 
