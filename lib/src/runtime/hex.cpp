@@ -260,22 +260,32 @@ void softmax_rows(float* s, std::int64_t rows, std::int64_t n, std::int64_t stri
   }
 }
 
+// Per-thread scratch of the decode paths (no allocation per block).
+struct Scratch {
+  std::vector<float> qd, bias, kmin, row, acc, base, sparse, params, codes;
+  float* get(std::vector<float>& v, std::int64_t n) {
+    if (static_cast<std::int64_t>(v.size()) < n) v.resize(static_cast<std::size_t>(n));
+    return v.data();
+  }
+};
+thread_local Scratch scratch;
+
 // Scores and value accumulation over plain fp16 rows.
 void fp16_scores(const float* q, std::int64_t nq, std::int64_t q_stride, const half_bits* k, std::int64_t tokens,
                  std::int64_t dim, std::int64_t token_stride, float scale, float* s, std::int64_t s_stride) {
-  std::vector<float> row(static_cast<std::size_t>(dim));
+  float* row = scratch.get(scratch.row, dim);
   for (std::int64_t t = 0; t < tokens; ++t) {
-    halves_to_floats(k + t * token_stride, dim, row.data());
-    for (std::int64_t j = 0; j < nq; ++j) s[j * s_stride + t] = scale * dot(q + j * q_stride, row.data(), dim);
+    halves_to_floats(k + t * token_stride, dim, row);
+    for (std::int64_t j = 0; j < nq; ++j) s[j * s_stride + t] = scale * dot(q + j * q_stride, row, dim);
   }
 }
 
 void fp16_accumulate(const float* p, std::int64_t nq, std::int64_t p_stride, const half_bits* v, std::int64_t tokens,
                      std::int64_t dim, std::int64_t token_stride, float* out, std::int64_t out_stride) {
-  std::vector<float> row(static_cast<std::size_t>(dim));
+  float* row = scratch.get(scratch.row, dim);
   for (std::int64_t t = 0; t < tokens; ++t) {
-    halves_to_floats(v + t * token_stride, dim, row.data());
-    for (std::int64_t j = 0; j < nq; ++j) axpy(p[j * p_stride + t], row.data(), out + j * out_stride, dim);
+    halves_to_floats(v + t * token_stride, dim, row);
+    for (std::int64_t j = 0; j < nq; ++j) axpy(p[j * p_stride + t], row, out + j * out_stride, dim);
   }
 }
 
@@ -353,15 +363,13 @@ std::int64_t hex_block_bytes(const HexBlockView& b) {
   return bytes;
 }
 
-HexBlock hex_compress_block(const half_bits* k, const half_bits* v, std::int64_t tokens, std::int64_t dim,
-                            std::int64_t stride, const std::uint8_t* keep_rows, std::shared_ptr<const Mask> mask,
-                            int bits) {
-  require(tokens >= 1 && tokens <= 65535, "a block holds 1..65535 tokens, got " + std::to_string(tokens));
-  require(dim >= 1 && stride >= dim, "bad head_dim or token stride");
-  require(bits == 0 || (bits >= 2 && bits <= 4), "bits must be 0, 2, 3 or 4");
-  for (std::int64_t t = 0; t < tokens; ++t)
-    if (!finite_halves(k + t * stride, dim) || !finite_halves(v + t * stride, dim))
-      fail("non-finite key or value at block token " + std::to_string(t));
+namespace {
+
+// hex_compress_block without its argument checks: HexLayerCache has already
+// checked the mask (constructor) and the keys and values (append).
+HexBlock compress_checked_block(const half_bits* k, const half_bits* v, std::int64_t tokens, std::int64_t dim,
+                                std::int64_t stride, const std::uint8_t* keep_rows, std::shared_ptr<const Mask> mask,
+                                int bits) {
   HexBlock b;
   b.tokens = static_cast<std::int32_t>(tokens);
   b.head_dim = static_cast<std::int32_t>(dim);
@@ -376,11 +384,7 @@ HexBlock hex_compress_block(const half_bits* k, const half_bits* v, std::int64_t
     }
     return b;
   }
-  if (mask) {
-    require(mask->rows >= tokens && mask->cols == dim, "the expander mask's shape does not fit the block");
-    check_mask(*mask);
-    b.mask = std::move(mask);
-  }
+  if (mask) b.mask = std::move(mask);
   const std::int64_t d1 = b.mask ? b.mask->row_degree : 0;
   std::vector<std::int64_t> quant_tokens;
   for (std::int64_t t = 0; t < tokens; ++t) {
@@ -442,6 +446,24 @@ HexBlock hex_compress_block(const half_bits* k, const half_bits* v, std::int64_t
   return b;
 }
 
+}  // namespace
+
+HexBlock hex_compress_block(const half_bits* k, const half_bits* v, std::int64_t tokens, std::int64_t dim,
+                            std::int64_t stride, const std::uint8_t* keep_rows, std::shared_ptr<const Mask> mask,
+                            int bits) {
+  require(tokens >= 1 && tokens <= 65535, "a block holds 1..65535 tokens, got " + std::to_string(tokens));
+  require(dim >= 1 && stride >= dim, "bad head_dim or token stride");
+  require(bits == 0 || (bits >= 2 && bits <= 4), "bits must be 0, 2, 3 or 4");
+  for (std::int64_t t = 0; t < tokens; ++t)
+    if (!finite_halves(k + t * stride, dim) || !finite_halves(v + t * stride, dim))
+      fail("non-finite key or value at block token " + std::to_string(t));
+  if (mask) {
+    require(mask->rows >= tokens && mask->cols == dim, "the expander mask's shape does not fit the block");
+    check_mask(*mask);
+  }
+  return compress_checked_block(k, v, tokens, dim, stride, keep_rows, std::move(mask), bits);
+}
+
 void hex_dequantize_block(const HexBlockView& b, float* k, float* v) {
   const std::int64_t d = b.head_dim;
   std::int64_t kept = 0, q = 0;
@@ -468,16 +490,6 @@ void hex_dequantize_block(const HexBlockView& b, float* k, float* v) {
 }
 
 namespace {
-
-// Per-thread scratch of the decode paths (no allocation per block).
-struct Scratch {
-  std::vector<float> qd, bias, kmin, row, acc, base, sparse, params, codes;
-  float* get(std::vector<float>& v, std::int64_t n) {
-    if (static_cast<std::int64_t>(v.size()) < n) v.resize(static_cast<std::size_t>(n));
-    return v.data();
-  }
-};
-thread_local Scratch scratch;
 
 // Slot of channel c in the phase-major order of a packed row: for 4 bits the
 // even channels then the odd ones, for 2 bits channels 4i, 4i+1, 4i+2, 4i+3
@@ -733,7 +745,7 @@ struct HexLayerCache::Impl {
   HexBlock compress(const Head& hd, const std::vector<std::uint8_t>& keep, std::int64_t offset) const {
     const half_bits* k = hd.res_k.data() + offset * dim;
     const half_bits* v = hd.res_v.data() + offset * dim;
-    return hex_compress_block(k, v, opt.block, dim, dim, keep.data(), opt.expander ? mask : nullptr, opt.bits);
+    return compress_checked_block(k, v, opt.block, dim, dim, keep.data(), opt.expander ? mask : nullptr, opt.bits);
   }
 
   // Compresses the full blocks waiting in the residual buffers.
