@@ -70,6 +70,8 @@ def render():
         out.append(f"## `{s['format']}` v{s['format_version']} ({os.path.basename(path)})\n")
         if "$comment" in s:
             out.append(s["$comment"] + "\n")
+        if "user_block" in s:
+            out.append(f"HDF5 user block ({s['user_block']['size']} bytes): {s['user_block']['doc']}\n")
         render_node(s["root"], "/", out)
     return "\n".join(out) + "\n"
 

@@ -23,7 +23,9 @@ Runner add_bundle(CLI::App& app) {
 Every input is validated first (kvcal validate). With --model-config (a HuggingFace
 config.json) the head profile must be num_hidden_layers x num_key_value_heads and
 every mask must have head_dim channels. The manifest records each part's source,
-SHA-256, format version and parameters, and the SHA-256 of every dataset.)");
+SHA-256, format version and parameters, and the SHA-256 of every dataset.
+The finished file is sealed: the SHA-256 of the whole file in its first 512
+bytes (the HDF5 user block), checked by kvcal validate, inspect and the runtime.)");
   sub->add_option("--model", in->model, "The model the bundle is for (recorded)");
   sub->add_option("--masks", in->masks, "kvcal.masks file (repeatable)");
   sub->add_option("--heads", in->heads, "kvcal.head_profile file");
@@ -52,6 +54,8 @@ Runner add_validate(CLI::App& app) {
 Checks required groups, datasets and attributes, dtypes, ranks, shape relations
 and value ranges (schemas/), the CSR invariants and claimed degrees, role/pivot/
 budget consistency, histogram totals, and for bundles every manifest checksum.
+A bundle's integrity seal (the SHA-256 of the whole file, format_version 2 on)
+is checked first, with plain reads, before libhdf5 opens the file.
 Lists every violation; exits 0 only when every file is valid.)");
   sub->add_option("files", *files, "kvcal artifacts (masks, dump, head profile, entropy calibration, bundle)")
       ->required();
@@ -60,7 +64,12 @@ Lists every violation; exits 0 only when every file is valid.)");
     for (const auto& path : *files) {
       const ValidationReport r = validate_artifact(path);
       if (r.ok()) {
-        fmt::print("{}: valid {} v{}\n", path, r.format, r.format_version);
+        // Bundles say what their integrity seal gave (checked before libhdf5 read them).
+        const bool bundle = r.format == kBundleFormat;
+        fmt::print("{}: valid {} v{}{}\n", path, r.format, r.format_version,
+                   !bundle                    ? std::string()
+                   : r.integrity == "no seal" ? std::string(", no seal (written before format_version 2)")
+                                              : ", " + r.integrity);
       } else {
         ++bad;
         fmt::print("{}: INVALID{} ({} problem{})\n", path, r.format.empty() ? "" : " " + r.format, r.problems.size(),

@@ -239,7 +239,7 @@ void write_bundle(const std::string& out, const BundleInputs& in, const std::str
         json_string(in.model_config), sha256_file(in.model_config), c.layers, c.q_heads, c.kv_heads, c.head_dim);
   }
 
-  detail::write_atomically(out, [&](hid_t f) {
+  detail::write_atomically_sealed(out, [&](hid_t f) {
     detail::write_provenance(f, kBundleFormat, kBundleFormatVersion, command_line);
     detail::write_attr(f, "model", in.model);
     std::string mask_parts;

@@ -20,6 +20,7 @@
 #include <system_error>
 
 #include "kvcal/core/version.h"
+#include "kvcal/io/seal.h"
 
 namespace kvcal::detail {
 namespace fs = std::filesystem;
@@ -528,18 +529,24 @@ void check_output_path(const std::string& final_path) {
               dir.string());
 }
 
-H5Handle create_file(const std::string& tmp_path, const std::string& final_path) {
+std::uint64_t seal_user_block() { return kSealSize; }
+
+H5Handle create_file(const std::string& tmp_path, const std::string& final_path, std::uint64_t user_block) {
   h5_init();
   check_output_path(final_path);
-  H5Handle file(H5Fcreate(tmp_path.c_str(), H5F_ACC_EXCL, H5P_DEFAULT, H5P_DEFAULT), H5Fclose);
+  H5Handle fcpl(H5Pcreate(H5P_FILE_CREATE), H5Pclose);
+  KVCAL_CHECK(fcpl.valid() && (user_block == 0 || H5Pset_userblock(fcpl.get(), user_block) >= 0),
+              "cannot set up the file creation of {}", final_path);
+  H5Handle file(H5Fcreate(tmp_path.c_str(), H5F_ACC_EXCL, fcpl.get(), H5P_DEFAULT), H5Fclose);
   KVCAL_CHECK(file.valid(), "cannot create {} (permission denied, disk full or read-only file system?)", final_path);
   return file;
 }
 
-void commit_file(H5Handle& file, const std::string& tmp_path, const std::string& final_path) {
+void commit_file(H5Handle& file, const std::string& tmp_path, const std::string& final_path, bool seal) {
   KVCAL_CHECK(H5Fflush(file.get(), H5F_SCOPE_GLOBAL) >= 0, "cannot write {} (disk full?)", final_path);
   const herr_t closed = H5Fclose(file.release());
   KVCAL_CHECK(closed >= 0, "cannot write {} (disk full?)", final_path);
+  if (seal) write_seal(tmp_path);
   std::error_code ec;
   fs::rename(tmp_path, final_path, ec);
   KVCAL_CHECK(!ec, "cannot move the finished file into place at {}: {}", final_path, ec.message());

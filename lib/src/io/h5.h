@@ -130,14 +130,20 @@ void write_provenance(hid_t file, const std::string& format, std::int64_t format
 template <typename Fill>
 void write_atomically(const std::string& path, Fill&& fill);
 
+// The same for a sealed artifact (kvcal/io/seal.h): the file gets a
+// kSealSize-byte user block, and once libhdf5 has closed it the seal is
+// written there, before the rename.
+template <typename Fill>
+void write_atomically_sealed(const std::string& path, Fill&& fill);
+
 // Throws kvcal::Error when an artifact cannot be created at final_path: it is
 // empty or a directory, or its directory is missing or not writable.
 void check_output_path(const std::string& final_path);
 
 // Non-template parts of write_atomically.
 std::string make_temp_path(const std::string& path);
-H5Handle create_file(const std::string& tmp_path, const std::string& final_path);
-void commit_file(H5Handle& file, const std::string& tmp_path, const std::string& final_path);
+H5Handle create_file(const std::string& tmp_path, const std::string& final_path, std::uint64_t user_block = 0);
+void commit_file(H5Handle& file, const std::string& tmp_path, const std::string& final_path, bool seal = false);
 void discard_file(const std::string& tmp_path);
 
 template <typename Fill>
@@ -147,6 +153,21 @@ void write_atomically(const std::string& path, Fill&& fill) {
     H5Handle file = create_file(tmp, path);
     fill(file.get());
     commit_file(file, tmp, path);
+  } catch (...) {
+    discard_file(tmp);
+    throw;
+  }
+}
+
+std::uint64_t seal_user_block();
+
+template <typename Fill>
+void write_atomically_sealed(const std::string& path, Fill&& fill) {
+  const std::string tmp = make_temp_path(path);
+  try {
+    H5Handle file = create_file(tmp, path, seal_user_block());
+    fill(file.get());
+    commit_file(file, tmp, path, true);
   } catch (...) {
     discard_file(tmp);
     throw;

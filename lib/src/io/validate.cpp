@@ -6,11 +6,14 @@
 #pragma GCC diagnostic ignored "-Wrestrict"
 #endif
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <limits>
 #include <map>
+#include <optional>
 #include <set>
 #include <sstream>
 
@@ -20,6 +23,7 @@
 #include "io/bundle_internal.h"
 #include "io/h5.h"
 #include "kvcal/graph/csr.h"
+#include "kvcal/io/seal.h"
 
 namespace kvcal {
 namespace detail {
@@ -28,6 +32,7 @@ const std::vector<std::pair<std::string, std::string>>& embedded_schemas();
 
 using boost::property_tree::ptree;
 using detail::H5Handle;
+namespace fs = std::filesystem;
 
 namespace {
 
@@ -419,10 +424,24 @@ const std::string& schema_text(const std::string& format) {
   return it->second;
 }
 
-ValidationReport validate_artifact(const std::string& path) {
+ValidationReport validate_artifact(const std::string& path, bool check_seal) {
   ValidationReport rep;
   rep.path = path;
   detail::h5_init();
+  std::optional<SealState> seal;
+  if (check_seal) {
+    std::error_code ec;
+    if (fs::is_regular_file(path, ec) && access(path.c_str(), R_OK) == 0) {
+      try {
+        const SealCheck c = kvcal::check_seal(path);
+        seal = c.state;
+        rep.integrity = describe_seal(c);
+      } catch (const Error& e) {
+        rep.problems.push_back(e.what());
+        return rep;
+      }
+    }
+  }
   try {
     H5Handle probe = detail::open_any_artifact(path, &rep.format);
     const auto& trees = schemas().tree;
@@ -454,6 +473,12 @@ ValidationReport validate_artifact(const std::string& path) {
       H5Handle e = detail::open_group(f, "entropy", path);
       check_entropy(e.get(), path + ":/entropy", rep.problems);
       detail::check_manifest(f, path, rep.problems);
+      if (seal && *seal != SealState::sealed && rep.format_version >= 2) {
+        rep.problems.push_back(fmt::format(
+            "{}: a format_version {} bundle without its integrity seal (the first 512 bytes were overwritten or "
+            "stripped): fetch it again, or re-bundle",
+            path, rep.format_version));
+      }
     }
   } catch (const Error& e) {
     rep.problems.push_back(e.what());
@@ -645,10 +670,21 @@ Json heads_json(hid_t attrs, hid_t data, const std::string& ctx) {
 }
 
 Json inspect_json(const std::string& path) {
+  // The seal first: a damaged sealed file never reaches libhdf5.
+  std::error_code ec;
+  KVCAL_CHECK(fs::is_regular_file(path, ec), "{}: no such file, or not a regular file", path);
+  const SealCheck seal = check_seal(path);
   std::string format;
   H5Handle f = detail::open_any_artifact(path, &format);
   Json j = attrs_json(f.get(), {"format", "format_version", "kvcal_version", "created_utc", "command_line"}, path);
   j.set("path", Json::of(path));
+  j.set("integrity", seal.state == SealState::sealed
+                         ? Json::obj()
+                               .set("seal", Json::of(std::string("sha256")))
+                               .set("verified", Json::of(true))
+                               .set("sha256", Json::of(seal.sha256))
+                               .set("covered_bytes", Json::of(static_cast<std::int64_t>(seal.covered)))
+                         : Json::obj().set("seal", Json::of(std::string("none"))).set("verified", Json::of(false)));
   if (format == "kvcal.masks") {
     H5Handle g = detail::open_group(f.get(), "masks", path);
     j.set("masks", masks_json(g.get(), path + ":/masks"));
@@ -750,6 +786,13 @@ std::string inspect_artifact(const std::string& path, bool json) {
   if (format == "kvcal.head_profile") text_heads(*j.get("heads"), out);
   if (format == "kvcal.entropy_calibration") text_entropy(*j.get("entropy"), out);
   if (format == "kvcal.bundle") {
+    const Json* seal = j.get("integrity");
+    out += seal->get("verified")->kind == Json::boolean && seal->get("verified")->flag
+               ? fmt::format("  integrity: SHA-256 seal verified ({} over {} bytes)\n", seal->get("sha256")->str,
+                             num(seal->get("covered_bytes")))
+               : std::string(
+                     "  integrity: no seal (written before format_version 2; kvcal::runtime refuses it by "
+                     "default: re-bundle)\n");
     out += fmt::format("  model: {}\n", j.get("model")->str);
     text_masks(*j.get("masks"), out);
     text_heads(*j.get("heads"), out);

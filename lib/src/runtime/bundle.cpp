@@ -1,11 +1,18 @@
-// Bundle::open: kvcal validate's checks, then kvcal's typed readers, then the
-// runtime's own checks of every field, above all of what an engine indexes
-// with (defence in depth: a gap in the validator must not become an
-// out-of-bounds read in a serving process).
+// Bundle::open: the seal (or a pinned digest) verified with plain reads, then
+// kvcal validate's checks, then kvcal's typed readers, then the runtime's own
+// checks of every field, above all of what an engine indexes with (defence in
+// depth: a gap in the validator must not become an out-of-bounds read in a
+// serving process).
 #include "kvcal/runtime/bundle.h"
 
+#include <fcntl.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <cctype>
+#include <cerrno>
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <mutex>
 
@@ -14,13 +21,14 @@
 #include "kvcal/core/error.h"
 #include "kvcal/graph/csr.h"
 #include "kvcal/io/bundle.h"
+#include "kvcal/io/seal.h"
 #include "kvcal/io/validate.h"
 #include "kvcal/spectral/certify.h"
 
 namespace kvcal::runtime {
 
 struct Bundle::Impl {
-  std::string path, model;
+  std::string path, model, verified;
   std::vector<std::shared_ptr<const Mask>> masks;
   HeadTable heads;
   EntropyThresholds entropy;
@@ -42,6 +50,77 @@ std::string with_path(const std::string& path, std::string what) {
   const bool named = what.compare(0, path.size(), path) == 0 && what.size() > path.size() && what[path.size()] == ':';
   return named ? what : path + ": " + what;
 }
+
+// Every occurrence of `from` in `text` replaced by `to`.
+std::string replace_all(std::string text, const std::string& from, const std::string& to) {
+  if (from.empty()) return text;
+  for (std::size_t at = text.find(from); at != std::string::npos; at = text.find(from, at + to.size())) {
+    text.replace(at, from.size(), to);
+  }
+  return text;
+}
+
+std::string lower(std::string s) {
+  for (char& c : s) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  return s;
+}
+
+// The verified file, still open: libhdf5 is given /proc/self/fd/N where that
+// exists, so it reads the very file (inode) that was hashed even when the
+// path is replaced in between (an artifact store renaming a new version
+// into place).
+class VerifiedFile {
+ public:
+  VerifiedFile(const std::string& path, const BundleOpenOptions& o) : path_(path) {
+    fd_ = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    KVCAL_CHECK(fd_ >= 0, "{}: cannot open ({})", path, std::strerror(errno));
+    const std::string pin = lower(o.expected_sha256);
+    KVCAL_CHECK(pin.empty() || (pin.size() == 64 && pin.find_first_not_of("0123456789abcdef") == std::string::npos),
+                "expected_sha256 '{}' is not 64 hex digits", o.expected_sha256);
+    const SealCheck c = check_seal_fd(fd_, path, !pin.empty());  // throws on damage, truncation, mismatch
+    KVCAL_CHECK(c.state != SealState::neither,
+                "{}: neither an integrity seal nor the HDF5 signature at its start: damaged, or not a kvcal bundle",
+                path);
+    if (!pin.empty()) {
+      KVCAL_CHECK(c.file_sha256 == pin,
+                  "{}: SHA-256 {} is not the pinned expected_sha256 {}: not the file that was shipped (damaged or "
+                  "replaced)",
+                  path, c.file_sha256, pin);
+    }
+    if (c.state == SealState::sealed) {
+      how_ = pin.empty() ? "seal" : "seal+pinned";
+    } else if (!pin.empty()) {
+      how_ = "pinned";
+    } else {
+      KVCAL_CHECK(o.allow_unverified,
+                  "{}: a bundle without an integrity seal (format_version 1, written before kvcal sealed bundles), "
+                  "refused unverified: re-bundle it with kvcal bundle, or check it with `kvcal validate {}` and open "
+                  "it with allow_unverified (or pin its SHA-256 with expected_sha256)",
+                  path, path);
+      how_ = "unverified";
+    }
+    sealed_ = c.state == SealState::sealed;
+    const std::string proc = "/proc/self/fd/" + std::to_string(fd_);
+    if (::access(proc.c_str(), R_OK) == 0) hdf5_path_ = proc;
+  }
+  ~VerifiedFile() {
+    if (fd_ >= 0) ::close(fd_);
+  }
+  VerifiedFile(const VerifiedFile&) = delete;
+  VerifiedFile& operator=(const VerifiedFile&) = delete;
+
+  // The path libhdf5 opens.
+  const std::string& hdf5_path() const { return hdf5_path_.empty() ? path_ : hdf5_path_; }
+  // A message about hdf5_path() as one about the path the caller gave.
+  std::string named(const std::string& what) const { return replace_all(what, hdf5_path_, path_); }
+  const std::string& how() const { return how_; }
+  bool sealed() const { return sealed_; }
+
+ private:
+  std::string path_, hdf5_path_, how_;
+  int fd_ = -1;
+  bool sealed_ = false;
+};
 
 bool finite_in(double v, double lo, double hi) { return std::isfinite(v) && v >= lo && v <= hi; }
 
@@ -183,24 +262,39 @@ EntropyThresholds to_entropy(const EntropyCalibration& c) {
 Bundle::Bundle() : impl_(std::make_unique<Impl>()) {}
 Bundle::~Bundle() = default;
 
-std::unique_ptr<Bundle> Bundle::open(const std::string& path) {
+std::unique_ptr<Bundle> Bundle::open(const std::string& path) { return open(path, BundleOpenOptions{}); }
+
+std::unique_ptr<Bundle> Bundle::open(const std::string& path, const BundleOpenOptions& options) {
   try {
+    // The bytes first, with no lock held (hashing a large file takes a while)
+    // and no libhdf5 call.
+    const VerifiedFile file(path, options);
+    const std::string& h5path = file.hdf5_path();
     BundleContents contents;
     {
       std::lock_guard<std::mutex> lock(hdf5_mutex());
-      const ValidationReport report = validate_artifact(path);
-      if (!report.ok()) {
-        const std::size_t more = report.problems.size() - 1;
-        fail("{}{}", with_path(path, report.problems.front()),
-             more == 0 ? std::string() : fmt::format(" ({} more; kvcal validate {} lists them)", more, path));
+      try {
+        const ValidationReport report = validate_artifact(h5path, false);  // the seal is checked already
+        if (!report.ok()) {
+          const std::size_t more = report.problems.size() - 1;
+          fail("{}{}", with_path(path, file.named(report.problems.front())),
+               more == 0 ? std::string() : fmt::format(" ({} more; kvcal validate {} lists them)", more, path));
+        }
+        KVCAL_CHECK(report.format == kBundleFormat, "{}: a '{}' file, but a '{}' file is needed", path, report.format,
+                    kBundleFormat);
+        KVCAL_CHECK(file.sealed() || report.format_version < 2,
+                    "{}: a format_version {} bundle without its integrity seal (its first 512 bytes were overwritten "
+                    "or stripped): fetch it again, or re-bundle",
+                    path, report.format_version);
+        contents = read_bundle(h5path);
+      } catch (const std::exception& e) {
+        throw Error(file.named(e.what()));
       }
-      KVCAL_CHECK(report.format == kBundleFormat, "{}: a '{}' file, but a '{}' file is needed", path, report.format,
-                  kBundleFormat);
-      contents = read_bundle(path);
     }
     std::unique_ptr<Bundle> b(new Bundle());
     Impl& s = *b->impl_;
     s.path = path;
+    s.verified = file.how();
     s.model = contents.model;
     for (const MaskRecord& r : contents.masks) s.masks.push_back(to_mask(r));
     s.heads = to_heads(contents.heads);
@@ -214,6 +308,7 @@ std::unique_ptr<Bundle> Bundle::open(const std::string& path) {
 }
 
 const std::string& Bundle::path() const { return impl_->path; }
+const std::string& Bundle::verified() const { return impl_->verified; }
 const std::string& Bundle::model() const { return impl_->model; }
 const std::vector<std::shared_ptr<const Mask>>& Bundle::masks() const { return impl_->masks; }
 const HeadTable& Bundle::heads() const { return impl_->heads; }

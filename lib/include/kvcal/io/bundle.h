@@ -1,6 +1,11 @@
-// One artifact bundle per model (format "kvcal.bundle", format_version 1;
-// schemas/bundle.v1.json): the masks, the head profile and the entropy
+// One artifact bundle per model (format "kvcal.bundle", format_version 2;
+// schemas/bundle.v2.json): the masks, the head profile and the entropy
 // thresholds, with provenance and a manifest of checksums, checked before use.
+//
+// format_version 2 adds the integrity seal (kvcal/io/seal.h): a SHA-256 of
+// the whole file in its 512-byte HDF5 user block, checked before libhdf5
+// reads the file. The HDF5 layout is that of version 1, which is still read
+// (such files have no seal).
 //
 // Layout: /masks/<id> (the mask layout), /heads (the head profile's root
 // attributes and its /heads datasets), /entropy (the entropy calibration's
@@ -20,7 +25,7 @@
 namespace kvcal {
 
 inline constexpr const char* kBundleFormat = "kvcal.bundle";
-inline constexpr std::int64_t kBundleFormatVersion = 1;
+inline constexpr std::int64_t kBundleFormatVersion = 2;
 
 // What a HuggingFace config.json says about the attention shapes.
 struct ModelConfig {
@@ -40,7 +45,7 @@ struct BundleInputs {
 };
 
 // Validates every input (kvcal validate), checks the shapes against the model
-// config when given, and writes the bundle atomically. Throws kvcal::Error
+// config when given, and writes the bundle atomically, sealed. Throws kvcal::Error
 // naming the first problem.
 void write_bundle(const std::string& out, const BundleInputs& inputs, const std::string& command_line);
 

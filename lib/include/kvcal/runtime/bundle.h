@@ -1,11 +1,22 @@
 // A validated, read-only view of a model's artifact bundle
-// (kvcal.bundle, format_version 1) for the serving engine: the masks, the
-// head roles and budgets, and the entropy thresholds.
+// (kvcal.bundle, format_version 2, or 1 by request) for the serving engine:
+// the masks, the head roles and budgets, and the entropy thresholds.
 //
-// Bundle::open checks the whole file before returning (the checks kvcal
-// validate runs: schema, manifest checksums, CSR structure, ranges and
-// cross-field consistency), so a corrupt or hostile file is an Error, never
+// Bundle::open checks the file's bytes before libhdf5 reads any of them: the
+// integrity seal that kvcal bundle writes into the file's first 512 bytes
+// (the SHA-256 of the rest of the file), read and hashed with plain reads.
+// A damaged or truncated file is an Error there, so a bit flip or an
+// incomplete copy never reaches libhdf5's parser (which crashes on some
+// damaged files: libhdf5 is not written for hostile input). Then it runs the
+// checks kvcal validate runs (schema, manifest checksums, CSR structure,
+// ranges and cross-field consistency), so a corrupt file is an Error, never
 // an out-of-bounds read later.
+//
+// What the seal does not stop: a file crafted with a matching seal. Where
+// files may come from an adversary, pin the digest of the exact file the
+// fleet shipped (BundleOpenOptions::expected_sha256) and check new files
+// with `kvcal validate` (it runs in a child process) before an engine loads
+// them.
 #pragma once
 
 #include <cstdint>
@@ -52,15 +63,39 @@ struct EntropyThresholds {
   double percentile = 99, calibration_trigger_rate = 0;
 };
 
+// How Bundle::open verifies the file before parsing it.
+struct BundleOpenOptions {
+  // The SHA-256 of the whole file (what `sha256sum` prints, 64 hex digits,
+  // either case), when the engine knows which file it must get; empty: any
+  // file with a valid seal. A mismatch is an Error before libhdf5 reads the
+  // file. A pinned digest also admits a bundle without a seal (format_version
+  // 1): the pin verifies its bytes. With a pin a sealed file is hashed twice in
+  // one read (its seal and the whole file).
+  std::string expected_sha256;
+  // Open a bundle that has no seal (format_version 1, written before the seal
+  // existed) without verifying its bytes: libhdf5 then parses a file nobody
+  // checked, and a damaged one can crash the process. For old bundles already
+  // checked with `kvcal validate`; re-bundling them (kvcal bundle) is better.
+  // A sealed file is always verified, and a file that is neither sealed nor
+  // an HDF5 file is refused either way.
+  bool allow_unverified = false;
+};
+
 class KVCAL_RUNTIME_API Bundle {
  public:
-  // Opens and validates `path`; throws Error naming the first problem.
-  static std::unique_ptr<Bundle> open(const std::string& path);
+  // Verifies, opens and validates `path`; throws Error naming the path and
+  // the first problem. Without a pin (options.expected_sha256), a file without
+  // a seal is refused unless options.allow_unverified.
+  static std::unique_ptr<Bundle> open(const std::string& path, const BundleOpenOptions& options);
+  static std::unique_ptr<Bundle> open(const std::string& path);  // default options
   ~Bundle();
   Bundle(const Bundle&) = delete;
   Bundle& operator=(const Bundle&) = delete;
 
   const std::string& path() const;
+  // How the bytes were verified before parsing: "seal", "pinned", "seal+pinned"
+  // or "unverified" (allow_unverified on a file without a seal).
+  const std::string& verified() const;
   const std::string& model() const;
   const std::vector<std::shared_ptr<const Mask>>& masks() const;
   // The bundle's mask for a shape (the first one listed), or null.
