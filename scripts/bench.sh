@@ -41,4 +41,7 @@ echo "== runtime: HEX block compression, decode over a 32K-token cache (fp16 and
 build/release/bin/bench_runtime --benchmark_out="$out/runtime.json" --benchmark_out_format=json
 echo "== runtime: CHESS selection per decode step vs one layer's fp16 attention (x 32 layers = one decode step)"
 build/release/bin/bench_chess --benchmark_out="$out/chess.json" --benchmark_out_format=json
+echo "== bundle seal: its cost at open for a sealed 1 GiB file against a raw read of the same file"
+build/release/bin/bench_seal --benchmark_repetitions=3 --benchmark_report_aggregates_only=true \
+  --benchmark_out="$out/seal.json" --benchmark_out_format=json
 echo "Results in $out/"

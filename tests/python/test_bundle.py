@@ -3,7 +3,9 @@
 calibrate-entropy, bundle, validate, inspect), the h5py-only reader
 scripts/kvcal_artifacts.py, the golden bundle, and the bad bundles validate must
 name: a flipped byte (checksum), a CSR index out of range, a non-monotone indptr,
-a truncated file, a foreign format, a newer version, a model-config mismatch.
+a truncated file, a foreign format, a newer version, a model-config mismatch;
+the integrity seal (format_version 2) against hashlib, and h5py opening sealed
+bundles.
 
 Usage: python3 tests/python/test_bundle.py [path/to/kvcal]   (or KVCAL_BIN=...)
 """
@@ -61,6 +63,13 @@ class Bundle(unittest.TestCase):
         shutil.copy(self.bundle, path)
         return path
 
+    def reseal(self, path):
+        # An edit with h5py leaves the old seal, which now fails first; sealed
+        # again, the content checks behind it are what object.
+        import kvcal_artifacts
+        self.expect_invalid(path, ["integrity seal"])  # a digest or a length that no longer matches
+        kvcal_artifacts.reseal(path)
+
     def expect_invalid(self, path, words):
         r = run("validate", path)
         self.assertEqual(r.returncode, 1, f"validate accepted {path}: {r.stdout}")
@@ -105,9 +114,52 @@ class Bundle(unittest.TestCase):
         for path in (self.masks, self.heads, self.entropy, REAL):
             self.assertEqual(kvcal_artifacts.load(path)["format_version"], 1)
 
+    def test_seal(self):
+        import hashlib
+        import kvcal_artifacts
+        with open(self.bundle, "rb") as f:
+            data = f.read()
+        # The seal's digest is hashlib's SHA-256 of every byte after the 512-byte user block.
+        digest = hashlib.sha256(data[512:]).hexdigest()
+        self.assertEqual(data[:512].rstrip(b"\0").decode(),
+                         f"kvcal-seal 1\nalgorithm sha256\noffset 512\nlength {len(data) - 512}\nsha256 {digest}\n")
+        self.assertEqual(kvcal_artifacts.load(self.bundle)["seal"]["sha256"], digest)
+        with h5py.File(self.bundle, "r") as f:  # libhdf5 skips the user block
+            self.assertEqual(f.userblock_size, 512)
+            self.assertEqual(int(f.attrs["format_version"]), 2)
+            self.assertEqual(sorted(f), ["entropy", "heads", "masks"])
+        r = run("validate", self.bundle)
+        self.assertIn(f"seal verified (SHA-256 {digest[:16]}...", r.stdout)
+        j = json.loads(run("inspect", self.bundle, "--json").stdout)
+        self.assertEqual(j["integrity"], {"seal": "sha256", "verified": True, "sha256": digest,
+                                          "covered_bytes": len(data) - 512})
+        # A flipped byte anywhere: in the HDF5 bytes, in the seal's digest, in its padding.
+        for at, words in ((len(data) // 2, ["checksum mismatch"]), (100, ["seal"]),
+                          (400, ["seal", "damaged"]), (20, ["seal", "damaged"])):
+            path = self.copy(f"seal{at}.h5")
+            with open(path, "r+b") as f:
+                f.seek(at)
+                f.write(bytes([data[at] ^ 0x04]))
+            self.expect_invalid(path, words)
+            r = run("inspect", path)
+            self.assertEqual(r.returncode, 1)
+            self.assertEqual(r.stderr.count("\n"), 1, r.stderr)
+            with self.assertRaises(ValueError):
+                kvcal_artifacts.load(path)
+        # Bytes appended after sealing, and a stripped seal (a v2 bundle with a zeroed user block).
+        path = self.copy("longer.h5")
+        with open(path, "ab") as f:
+            f.write(b"\0" * 16)
+        self.expect_invalid(path, ["appended"])
+        path = self.copy("stripped.h5")
+        with open(path, "r+b") as f:
+            f.write(b"\0" * 512)
+        self.expect_invalid(path, ["without its integrity seal"])
+
     def test_golden_bundle_still_reads(self):
         r = run("validate", GOLDEN)
         self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+        self.assertIn("valid kvcal.bundle v1, no seal", r.stdout)
         r = run("inspect", GOLDEN)
         self.assertEqual(r.returncode, 0, r.stderr)
         r = run("mask-certify", GOLDEN)  # a bundle is not a mask file: one clear error
@@ -120,6 +172,7 @@ class Bundle(unittest.TestCase):
             v = d[()]
             v[3, 1] = np.float32(v[3, 1] * 0.5 + 0.25)
             d[...] = v
+        self.reseal(path)
         self.expect_invalid(path, ["checksum mismatch", "/heads/stability"])
 
     def test_one_flipped_byte_in_the_file(self):
@@ -132,18 +185,21 @@ class Bundle(unittest.TestCase):
             b = f.read(1)
             f.seek(offset + 8)
             f.write(bytes([b[0] ^ 0x01]))
+        self.reseal(path)
         self.expect_invalid(path, ["checksum mismatch", "/masks/mask_0001/indices"])
 
     def test_csr_defects(self):
         path = self.copy("range.h5")
         with h5py.File(path, "r+") as f:
             f["masks/mask_0000/indices"][5] = 64 + 3
+        self.reseal(path)
         self.expect_invalid(path, ["out of range", "mask_0000"])
         path = self.copy("indptr.h5")
         with h5py.File(path, "r+") as f:
             ip = f["masks/mask_0001/indptr"][()]
             ip[10], ip[11] = ip[11], ip[10]
             f["masks/mask_0001/indptr"][...] = ip
+        self.reseal(path)
         self.expect_invalid(path, ["indptr", "mask_0001"])
 
     def test_damaged_foreign_and_newer_files(self):
@@ -155,10 +211,12 @@ class Bundle(unittest.TestCase):
         path = self.copy("format.h5")
         with h5py.File(path, "r+") as f:
             f.attrs["format"] = np.bytes_("kvcal.something")
+        self.reseal(path)
         self.expect_invalid(path, ["unknown format"])
         path = self.copy("newer.h5")
         with h5py.File(path, "r+") as f:
             f.attrs["format_version"] = np.int64(7)
+        self.reseal(path)
         self.expect_invalid(path, ["newer"])
         r = run("validate", os.path.join(self.tmp.name, "absent.h5"))
         self.assertEqual(r.returncode, 1)

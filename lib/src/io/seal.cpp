@@ -153,8 +153,8 @@ SealCheck check_seal_fd(int fd, const std::string& path, bool whole_file_digest)
   }
   const std::string actual = covered.hex_digest();
   KVCAL_CHECK(actual == p.hex,
-              "{}: checksum mismatch: the SHA-256 of its {} bytes after the seal is {}, the seal records {}; the file "
-              "is damaged (fetch it again, or re-bundle)",
+              "{}: checksum mismatch: the SHA-256 of the {} bytes after its integrity seal is {}, the seal records {}; "
+              "the file is damaged (fetch it again, or re-bundle)",
               path, p.covered, actual.substr(0, 16), p.hex.substr(0, 16));
   out.state = SealState::sealed;
   out.covered = p.covered;

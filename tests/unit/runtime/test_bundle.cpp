@@ -10,6 +10,7 @@
 #include <filesystem>
 #include <fstream>
 #include <optional>
+#include <random>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -20,6 +21,7 @@
 #include "kvcal/io/entropy_calibration.h"
 #include "kvcal/io/head_profile.h"
 #include "kvcal/io/masks.h"
+#include "kvcal/io/seal.h"
 #include "kvcal/io/validate.h"
 #include "kvcal/runtime/bundle.h"
 #include "kvcal/spectral/certify.h"
@@ -28,11 +30,30 @@
 namespace {
 
 using kvcal::runtime::Bundle;
+using kvcal::runtime::BundleOpenOptions;
 using kvcal::runtime::Error;
 using kvcal::runtime::MaskKey;
 using kvcal::runtime::Role;
 
+// format_version 1: no seal, opened with allow_unverified (tests of the seal
+// itself: test_bundle_damage.cpp, which links kvcal::runtime only).
 const std::string kGolden = std::string(KVCAL_SOURCE_DIR) + "/tests/golden/bundle_v1.kvcal.h5";
+BundleOpenOptions unverified() {
+  BundleOpenOptions o;
+  o.allow_unverified = true;
+  return o;
+}
+
+// Seals `path` again after an edit through HDF5 (which leaves the old seal
+// in the user block, now wrong), so that only the content checks can object.
+void reseal(const std::string& path) {
+  {
+    std::fstream io(path, std::ios::in | std::ios::out | std::ios::binary);
+    const std::string zeros(kvcal::kSealSize, '\0');
+    io.write(zeros.data(), static_cast<std::streamsize>(zeros.size()));
+  }
+  kvcal::write_seal(path);
+}
 
 // --- raw HDF5, independent of kvcal's readers ---------------------------------
 
@@ -112,9 +133,9 @@ std::string copy_of(const std::string& from, const std::string& to) {
 }
 
 // Open must fail with one line that starts with the path and names `word`.
-void expect_refused(const std::string& path, const std::string& word) {
+void expect_refused(const std::string& path, const std::string& word, const BundleOpenOptions& o = {}) {
   try {
-    Bundle::open(path);
+    Bundle::open(path, o);
     ADD_FAILURE() << path << ": opened";
   } catch (const Error& e) {
     const std::string what = e.what();
@@ -229,8 +250,9 @@ class RuntimeBundle : public kvcal::test::TempDirTest {
 };
 
 TEST_F(RuntimeBundle, GoldenBundleReadsAsKvcalSeesIt) {
-  const auto b = Bundle::open(kGolden);
+  const auto b = Bundle::open(kGolden, unverified());
   EXPECT_EQ(b->path(), kGolden);
+  EXPECT_EQ(b->verified(), "unverified");
   boost::property_tree::ptree j;
   std::istringstream in(kvcal::inspect_artifact(kGolden, true));
   boost::property_tree::read_json(in, j);
@@ -314,6 +336,7 @@ TEST_F(RuntimeBundle, GoldenBundleReadsAsKvcalSeesIt) {
 TEST_F(RuntimeBundle, WrittenBundleRoundTrips) {
   const std::string path = write_test_bundle();
   const auto b = Bundle::open(path);
+  EXPECT_EQ(b->verified(), "seal");
   EXPECT_EQ(b->model(), "test/model-bundle");
   // mask_0000 of b.h5 is renamed apart from a.h5's (write_bundle's rule)
   ASSERT_EQ(b->masks().size(), 3u);
@@ -382,14 +405,15 @@ TEST_F(RuntimeBundle, MissingForeignAndDamagedFilesAreErrors) {
     SCOPED_TRACE(cut);
     const std::string p = copy_of(kGolden, path("cut.h5"));
     std::filesystem::resize_file(p, cut);
-    expect_refused(p, "cut.h5");
+    expect_refused(p, "cut.h5", unverified());
   }
 
   // Other kvcal artifacts: valid files, but not bundles.
   kvcal::write_mask_file(path("masks.h5"), {certified_record("mask_0000", 96, 64, 2)}, "test");
-  expect_refused(path("masks.h5"), "kvcal.masks");
+  expect_refused(path("masks.h5"), "without an integrity seal");  // by default, before libhdf5 reads it
+  expect_refused(path("masks.h5"), "kvcal.masks", unverified());
   kvcal::write_head_profile(path("heads.h5"), head_profile(), "test");
-  expect_refused(path("heads.h5"), "kvcal.head_profile");
+  expect_refused(path("heads.h5"), "kvcal.head_profile", unverified());
 }
 
 // Flips bit 0 of byte `byte` of a contiguous dataset's stored data on disk.
@@ -413,17 +437,50 @@ TEST_F(RuntimeBundle, ChangedBytesAreChecksumMismatches) {
   // so only the manifest's checksum can tell.
   const std::string p = copy_of(kGolden, path("flip.h5"));
   flip_stored_bit(p, "/heads/stability", 4 * 4);
-  expect_refused(p, "checksum mismatch in /heads/stability");
+  expect_refused(p, "checksum mismatch in /heads/stability", unverified());
   // A byte of a mask index: out of range (or a checksum mismatch), refused either way.
   const std::string r = copy_of(kGolden, path("index.h5"));
   flip_stored_bit(r, "/masks/mask_0000/indices", 9);
-  expect_refused(r, "mask_0000");
+  expect_refused(r, "mask_0000", unverified());
 
   // A value changed through HDF5, manifest left alone.
   const std::string q = copy_of(kGolden, path("stability.h5"));
   edit_dataset<float>(
       q, "/heads/stability", H5T_NATIVE_FLOAT, [](std::vector<float>& v) { v[4] = 0.5f * v[4] + 0.25f; }, false);
-  expect_refused(q, "checksum");
+  expect_refused(q, "checksum", unverified());
+}
+
+// A bundle just written by kvcal: each flipped byte (random positions, seed
+// printed) is refused by the seal before libhdf5 reads the file, and the
+// same edits through HDF5 are refused too unless the file is sealed again.
+TEST_F(RuntimeBundle, FreshBundleFlipsAreSealMismatches) {
+  const std::string src = write_test_bundle();
+  const auto size = std::filesystem::file_size(src);
+  ASSERT_GT(size, kvcal::kSealSize);
+  const std::uint64_t seed = std::random_device{}();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  std::mt19937_64 rng(seed);
+  std::uniform_int_distribution<std::uint64_t> at(kvcal::kSealSize, size - 1);
+  for (int i = 0; i < 50; ++i) {
+    const std::string p = copy_of(src, path("flip.h5"));
+    const std::uint64_t byte = at(rng);
+    SCOPED_TRACE(byte);
+    std::fstream io(p, std::ios::in | std::ios::out | std::ios::binary);
+    io.seekg(static_cast<std::streamoff>(byte));
+    char c = 0;
+    io.get(c);
+    io.seekp(static_cast<std::streamoff>(byte));
+    io.put(static_cast<char>(c ^ 0x10));
+    io.close();
+    expect_refused(p, "checksum mismatch");
+    EXPECT_FALSE(kvcal::validate_artifact(p).ok());
+  }
+  const std::string q = copy_of(src, path("edited.h5"));
+  edit_dataset<float>(
+      q, "/heads/stability", H5T_NATIVE_FLOAT, [](std::vector<float>& v) { v[0] = 0.5f * v[0]; }, true);
+  expect_refused(q, "checksum mismatch");  // the seal
+  reseal(q);
+  EXPECT_NO_THROW(Bundle::open(q));  // a valid edit, sealed again
 }
 
 // Roles and pivots out of range, with the manifest updated to match: the
@@ -434,12 +491,14 @@ TEST_F(RuntimeBundle, HeadRolesAndPivotsOutOfRangeAreErrors) {
     const std::string p = copy_of(src, path("role.h5"));
     edit_dataset<std::int8_t>(
         p, "/heads/role", H5T_NATIVE_INT8, [](std::vector<std::int8_t>& v) { v[2] = 7; }, true);
+    reseal(p);
     expect_refused(p, "role");
   }
   {
     const std::string p = copy_of(src, path("role0.h5"));
     edit_dataset<std::int8_t>(
         p, "/heads/role", H5T_NATIVE_INT8, [](std::vector<std::int8_t>& v) { v[2] = 0; }, true);
+    reseal(p);
     expect_refused(p, "role");
   }
   {
@@ -447,6 +506,7 @@ TEST_F(RuntimeBundle, HeadRolesAndPivotsOutOfRangeAreErrors) {
     const std::string p = copy_of(src, path("pivot.h5"));
     edit_dataset<std::int32_t>(
         p, "/heads/pivot", H5T_NATIVE_INT32, [](std::vector<std::int32_t>& v) { v[5] = 4; }, true);
+    reseal(p);
     expect_refused(p, "satellite");
   }
   {
@@ -454,18 +514,21 @@ TEST_F(RuntimeBundle, HeadRolesAndPivotsOutOfRangeAreErrors) {
     const std::string p = copy_of(src, path("pivot_anchor.h5"));
     edit_dataset<std::int32_t>(
         p, "/heads/pivot", H5T_NATIVE_INT32, [](std::vector<std::int32_t>& v) { v[1] = 2; }, true);
+    reseal(p);
     expect_refused(p, "satellite");
   }
   {
     const std::string p = copy_of(src, path("pivot_neg.h5"));
     edit_dataset<std::int32_t>(
         p, "/heads/pivot", H5T_NATIVE_INT32, [](std::vector<std::int32_t>& v) { v[7] = -2147483647 - 1; }, true);
+    reseal(p);
     expect_refused(p, "satellite");
   }
   {
     const std::string p = copy_of(src, path("budget.h5"));
     edit_dataset<float>(
         p, "/heads/budget_ratio", H5T_NATIVE_FLOAT, [](std::vector<float>& v) { v[2] = std::nanf(""); }, true);
+    reseal(p);
     expect_refused(p, "budget_ratio");
   }
   {
@@ -473,6 +536,7 @@ TEST_F(RuntimeBundle, HeadRolesAndPivotsOutOfRangeAreErrors) {
     const std::string p = copy_of(src, path("index.h5"));
     edit_dataset<std::int32_t>(
         p, "/masks/mask_0000/indices", H5T_NATIVE_INT32, [](std::vector<std::int32_t>& v) { v[3] = 1 << 30; }, true);
+    reseal(p);
     expect_refused(p, "mask_0000");
   }
   // The untouched source still opens.
