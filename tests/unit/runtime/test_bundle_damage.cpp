@@ -7,6 +7,7 @@
 // the pinned digest, checked against sha256sum's.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cctype>
 #include <cstdio>
 #include <filesystem>
@@ -124,6 +125,15 @@ TEST_F(BundleDamage, EveryByteOfTheSealAndRandomFlipsAreRefused) {
       o.allow_unverified = true;
       expect_refused(p, "checksum mismatch", o);
     }
+  }
+  // The seal stripped (the user block zeroed): refused, the opt-out included.
+  {
+    std::vector<char> stripped = good;
+    std::fill(stripped.begin(), stripped.begin() + 512, '\0');
+    write_all(p, stripped);
+    BundleOpenOptions o;
+    o.allow_unverified = true;
+    expect_refused(p, "neither an integrity seal nor the HDF5 signature", o);
   }
   // A run of garbage over the superblock.
   std::vector<char> bad = good;
