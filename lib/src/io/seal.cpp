@@ -164,7 +164,8 @@ SealCheck check_seal_fd(int fd, const std::string& path, bool whole_file_digest)
 }
 
 SealCheck check_seal(const std::string& path, bool whole_file_digest) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  // O_NONBLOCK: a FIFO must not hang the open (check_seal_fd then refuses it).
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
   KVCAL_CHECK(fd >= 0, "{}: cannot open ({})", path, std::strerror(errno));
   try {
     SealCheck c = check_seal_fd(fd, path, whole_file_digest);

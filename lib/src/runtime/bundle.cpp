@@ -72,7 +72,8 @@ std::string lower(std::string s) {
 class VerifiedFile {
  public:
   VerifiedFile(const std::string& path, const BundleOpenOptions& o) : path_(path) {
-    fd_ = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    // O_NONBLOCK: a FIFO given as the path must not hang the open (fstat then refuses it).
+    fd_ = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
     KVCAL_CHECK(fd_ >= 0, "{}: cannot open ({})", path, std::strerror(errno));
     const std::string pin = lower(o.expected_sha256);
     KVCAL_CHECK(pin.empty() || (pin.size() == 64 && pin.find_first_not_of("0123456789abcdef") == std::string::npos),

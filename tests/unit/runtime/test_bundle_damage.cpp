@@ -6,6 +6,7 @@
 // reports it), never a loaded bundle. Also the format_version 1 policy and
 // the pinned digest, checked against sha256sum's.
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 
 #include <algorithm>
 #include <cctype>
@@ -164,6 +165,14 @@ TEST_F(BundleDamage, TruncationsAndAppendedBytesAreRefused) {
     write_all(p, longer);
     expect_refused(p, "appended");
   }
+}
+
+TEST_F(BundleDamage, NotARegularFileIsRefusedWithoutBlocking) {
+  expect_refused(path("absent.h5"), "cannot open");
+  expect_refused(dir_.string(), "not a regular file");
+  const std::string fifo = path("fifo.h5");
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  expect_refused(fifo, "not a regular file");  // no writer: a blocking open would hang here
 }
 
 TEST_F(BundleDamage, UnsealedVersion1IsRefusedUnlessOptedInOrPinned) {
