@@ -75,32 +75,12 @@ class VerifiedFile {
     // O_NONBLOCK: a FIFO given as the path must not hang the open (fstat then refuses it).
     fd_ = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
     KVCAL_CHECK(fd_ >= 0, "{}: cannot open ({})", path, std::strerror(errno));
-    const std::string pin = lower(o.expected_sha256);
-    KVCAL_CHECK(pin.empty() || (pin.size() == 64 && pin.find_first_not_of("0123456789abcdef") == std::string::npos),
-                "expected_sha256 '{}' is not 64 hex digits", o.expected_sha256);
-    const SealCheck c = check_seal_fd(fd_, path, !pin.empty());  // throws on damage, truncation, mismatch
-    KVCAL_CHECK(c.state != SealState::neither,
-                "{}: neither an integrity seal nor the HDF5 signature at its start: damaged, or not a kvcal bundle",
-                path);
-    if (!pin.empty()) {
-      KVCAL_CHECK(c.file_sha256 == pin,
-                  "{}: SHA-256 {} is not the pinned expected_sha256 {}: not the file that was shipped (damaged or "
-                  "replaced)",
-                  path, c.file_sha256, pin);
+    try {
+      verify(o);
+    } catch (...) {
+      ::close(fd_);  // the destructor of a half-built object does not run
+      throw;
     }
-    if (c.state == SealState::sealed) {
-      how_ = pin.empty() ? "seal" : "seal+pinned";
-    } else if (!pin.empty()) {
-      how_ = "pinned";
-    } else {
-      KVCAL_CHECK(o.allow_unverified,
-                  "{}: a bundle without an integrity seal (format_version 1, written before kvcal sealed bundles), "
-                  "refused unverified: re-bundle it with kvcal bundle, or check it with `kvcal validate {}` and open "
-                  "it with allow_unverified (or pin its SHA-256 with expected_sha256)",
-                  path, path);
-      how_ = "unverified";
-    }
-    sealed_ = c.state == SealState::sealed;
     const std::string proc = "/proc/self/fd/" + std::to_string(fd_);
     if (::access(proc.c_str(), R_OK) == 0) hdf5_path_ = proc;
   }
@@ -118,6 +98,35 @@ class VerifiedFile {
   bool sealed() const { return sealed_; }
 
  private:
+  void verify(const BundleOpenOptions& o) {
+    const std::string pin = lower(o.expected_sha256);
+    KVCAL_CHECK(pin.empty() || (pin.size() == 64 && pin.find_first_not_of("0123456789abcdef") == std::string::npos),
+                "expected_sha256 '{}' is not 64 hex digits", o.expected_sha256);
+    const SealCheck c = check_seal_fd(fd_, path_, !pin.empty());  // throws on damage, truncation, mismatch
+    KVCAL_CHECK(c.state != SealState::neither,
+                "{}: neither an integrity seal nor the HDF5 signature at its start: damaged, or not a kvcal bundle",
+                path_);
+    if (!pin.empty()) {
+      KVCAL_CHECK(c.file_sha256 == pin,
+                  "{}: SHA-256 {} is not the pinned expected_sha256 {}: not the file that was shipped (damaged or "
+                  "replaced)",
+                  path_, c.file_sha256, pin);
+    }
+    if (c.state == SealState::sealed) {
+      how_ = pin.empty() ? "seal" : "seal+pinned";
+    } else if (!pin.empty()) {
+      how_ = "pinned";
+    } else {
+      KVCAL_CHECK(o.allow_unverified,
+                  "{}: a bundle without an integrity seal (format_version 1, written before kvcal sealed bundles), "
+                  "refused unverified: re-bundle it with kvcal bundle, or check it with `kvcal validate {}` and open "
+                  "it with allow_unverified (or pin its SHA-256 with expected_sha256)",
+                  path_, path_);
+      how_ = "unverified";
+    }
+    sealed_ = c.state == SealState::sealed;
+  }
+
   std::string path_, hdf5_path_, how_;
   int fd_ = -1;
   bool sealed_ = false;
