@@ -73,6 +73,13 @@ std::string expect_refused(const std::string& path, const std::string& word, con
 
 using BundleDamage = kvcal::test::TempDirTest;
 
+// Descriptors this process holds (a refused open must not keep one).
+std::size_t open_fds() {
+  std::size_t n = 0;
+  for (const auto& e : fs::directory_iterator("/proc/self/fd")) n += e.exists() ? 1 : 0;
+  return n;
+}
+
 TEST_F(BundleDamage, SealedGoldenOpens) {
   const auto b = Bundle::open(kGoldenV2);
   EXPECT_EQ(b->verified(), "seal");
@@ -113,6 +120,7 @@ TEST_F(BundleDamage, EveryByteOfTheSealAndRandomFlipsAreRefused) {
   where.push_back(good.size() - 1);
   std::uniform_int_distribution<int> mask(1, 255);
   const std::string p = path("flip.h5");
+  const std::size_t fds = open_fds();
   for (const std::size_t at : where) {
     SCOPED_TRACE("byte " + std::to_string(at));
     std::vector<char> bad = good;
@@ -127,6 +135,7 @@ TEST_F(BundleDamage, EveryByteOfTheSealAndRandomFlipsAreRefused) {
       expect_refused(p, "checksum mismatch", o);
     }
   }
+  EXPECT_EQ(open_fds(), fds) << "refused opens leak file descriptors";
   // The seal stripped (the user block zeroed): refused, the opt-out included.
   {
     std::vector<char> stripped = good;
