@@ -1,5 +1,10 @@
 // Bulk binary16 conversions, compiled once per SIMD target (hwy/foreach_target.h
 // includes this file again for each) and dispatched at run time.
+// AVX3_DL (AVX-512 with VNNI, VBMI2, VPOPCNTDQ) is one of the compiled
+// targets; Highway leaves it out unless asked before its first include.
+#ifndef HWY_WANT_AVX3_DL
+#define HWY_WANT_AVX3_DL 1
+#endif
 #include "kvcal/core/half.h"
 
 #undef HWY_TARGET_INCLUDE

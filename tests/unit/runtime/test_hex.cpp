@@ -6,6 +6,11 @@
 // bit, binary16 values decoded with ldexp), attention is a double softmax over
 // plain loops, and the tokens a cache should keep in fp16 are recomputed from
 // the rules in hex.h's file comment.
+// AVX3_DL (AVX-512 with VNNI, VBMI2, VPOPCNTDQ) is one of the compiled
+// targets; Highway leaves it out unless asked before its first include.
+#ifndef HWY_WANT_AVX3_DL
+#define HWY_WANT_AVX3_DL 1
+#endif
 #include <gtest/gtest.h>
 
 #include <algorithm>

@@ -6,6 +6,11 @@
 // This test needs only Google Highway and GoogleTest (it compiles the kernel
 // sources itself), so that a cross-compiled build of it runs under emulation
 // (scripts/test_emulated.sh: qemu-aarch64, qemu-x86_64 -cpu Westmere).
+// AVX3_DL (AVX-512 with VNNI, VBMI2, VPOPCNTDQ) is one of the compiled
+// targets; Highway leaves it out unless asked before its first include.
+#ifndef HWY_WANT_AVX3_DL
+#define HWY_WANT_AVX3_DL 1
+#endif
 #include <gtest/gtest.h>
 
 #include <cmath>

@@ -1,9 +1,15 @@
 // HEX CPU kernels, compiled once per SIMD target (see kernels_cpu.h): this
 // file is included again by hwy/foreach_target.h for each target, and
 // HWY_DYNAMIC_DISPATCH picks the best one the host supports on each call.
+// AVX3_DL (AVX-512 with VNNI, VBMI2, VPOPCNTDQ) is one of the compiled
+// targets; Highway leaves it out unless asked before its first include.
+#ifndef HWY_WANT_AVX3_DL
+#define HWY_WANT_AVX3_DL 1
+#endif
 #include "runtime/hex/kernels_cpu.h"
 
 #include <algorithm>
+#include <cstring>
 
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "runtime/hex/kernels_cpu.cpp"
@@ -98,6 +104,11 @@ HWY_INLINE void LoadPhases(const std::uint8_t* p, hn::Vec<DF>& c0, hn::Vec<DF>& 
   const auto b = hn::PromoteTo(di, hn::LoadU(d8, p));
   constexpr int kBits = 8 / kPer;
   const auto mask = hn::Set(di, (1 << kBits) - 1);
+  if constexpr (kPer == 1) {  // one code per byte (rows unpacked by UnpackBytes)
+    c0 = hn::ConvertTo(df, b);
+    (void)mask;
+    return;
+  }
   c0 = hn::ConvertTo(df, hn::And(b, mask));
   if constexpr (kPer == 2) {
     c1 = hn::ConvertTo(df, hn::ShiftRight<4>(b));
@@ -111,6 +122,7 @@ HWY_INLINE void LoadPhases(const std::uint8_t* p, hn::Vec<DF>& c0, hn::Vec<DF>& 
 // Scalar code of slot-phase k of byte b.
 template <int kPer>
 HWY_INLINE float PhaseCode(unsigned b, int k) {
+  if constexpr (kPer == 1) return static_cast<float>(b);
   constexpr int kBits = 8 / kPer;
   return static_cast<float>((b >> (k * kBits)) & ((1u << kBits) - 1u));
 }
@@ -121,7 +133,7 @@ HWY_INLINE hn::Vec<DF> DotPhases(hn::Vec<DF> c0, hn::Vec<DF> c1, hn::Vec<DF> c2,
                                  std::int64_t run, hn::Vec<DF> acc) {
   const DF df;
   acc = hn::MulAdd(c0, hn::LoadU(df, w), acc);
-  acc = hn::MulAdd(c1, hn::LoadU(df, w + run), acc);
+  if constexpr (kPer >= 2) acc = hn::MulAdd(c1, hn::LoadU(df, w + run), acc);
   if constexpr (kPer == 4) {
     acc = hn::MulAdd(c2, hn::LoadU(df, w + 2 * run), acc);
     acc = hn::MulAdd(c3, hn::LoadU(df, w + 3 * run), acc);
@@ -164,7 +176,7 @@ template <int kPer>
 HWY_INLINE void AxpyPhases(hn::Vec<DF> a, hn::Vec<DF> c0, hn::Vec<DF> c1, hn::Vec<DF> c2, hn::Vec<DF> c3,
                            hn::Vec<DF>& s0, hn::Vec<DF>& s1, hn::Vec<DF>& s2, hn::Vec<DF>& s3) {
   s0 = hn::MulAdd(a, c0, s0);
-  s1 = hn::MulAdd(a, c1, s1);
+  if constexpr (kPer >= 2) s1 = hn::MulAdd(a, c1, s1);
   if constexpr (kPer == 4) {
     s2 = hn::MulAdd(a, c2, s2);
     s3 = hn::MulAdd(a, c3, s3);
@@ -213,24 +225,36 @@ void AccumulateSplit(const std::uint8_t* codes, std::int64_t rows, std::int64_t 
     }
 }
 
-// A row in channel order (3-bit and odd widths) as floats: 3-bit codes eight
-// at a time from three bytes.
-HWY_INLINE void UnpackRow(const std::uint8_t* row, int bits, std::int64_t dim, float* out) {
-  std::int64_t c = 0;
-  if (bits == 3) {
-    for (; c + 8 <= dim; c += 8) {
-      const std::uint8_t* b = row + c / 8 * 3;
-      const std::uint32_t v = b[0] | (static_cast<std::uint32_t>(b[1]) << 8) | (static_cast<std::uint32_t>(b[2]) << 16);
-      for (int k = 0; k < 8; ++k) out[c + k] = static_cast<float>((v >> (3 * k)) & 7u);
+// Rows in channel order (3-bit and odd widths) unpacked to one code per
+// byte (row r at out + r * dim): the code kernels then treat them as
+// one-phase rows. Eight 3-bit codes (three bytes) are spread to eight bytes
+// with three shift-and-mask steps on a 64-bit word (SWAR), not code by code.
+void UnpackBytes(const std::uint8_t* codes, std::int64_t rows, std::int64_t row_bytes, int bits, std::int64_t dim,
+                 std::uint8_t* out) {
+  for (std::int64_t r = 0; r < rows; ++r) {
+    const std::uint8_t* row = codes + r * row_bytes;
+    std::uint8_t* o = out + r * dim;
+    std::int64_t c = 0;
+    if (bits == 3) {
+      for (; c + 8 <= dim; c += 8) {
+        const std::uint8_t* b = row + c / 8 * 3;
+        std::uint64_t x = b[0] | (static_cast<std::uint64_t>(b[1]) << 8) | (static_cast<std::uint64_t>(b[2]) << 16);
+        x = (x & 0xfffu) | ((x & 0xfff000u) << 20);                             // codes 0-3 | 4-7 at bit 32
+        x = (x & 0x0000003f0000003full) | ((x & 0x00000fc000000fc0ull) << 10);  // pairs at bits 0, 16, 32, 48
+        x = (x & 0x0007000700070007ull) | ((x & 0x0038003800380038ull) << 5);   // one code per byte
+        std::memcpy(o + c, &x, 8);                                              // little-endian: code k in byte k
+      }
     }
+    for (; c < dim; ++c) o[c] = static_cast<std::uint8_t>(packed_code(row, c, bits));
   }
-  for (; c < dim; ++c) out[c] = static_cast<float>(packed_code(row, c, bits));
 }
 
 template <int kQ>
 void ScoresSplitQ(int per, const std::uint8_t* codes, std::int64_t rows, std::int64_t row_bytes, std::int64_t run,
                   const float* w, std::int64_t w_stride, float* out, std::int64_t out_stride) {
-  if (per == 2)
+  if (per == 1)
+    ScoresSplit<1, kQ>(codes, rows, row_bytes, run, w, w_stride, out, out_stride);
+  else if (per == 2)
     ScoresSplit<2, kQ>(codes, rows, row_bytes, run, w, w_stride, out, out_stride);
   else
     ScoresSplit<4, kQ>(codes, rows, row_bytes, run, w, w_stride, out, out_stride);
@@ -239,7 +263,9 @@ void ScoresSplitQ(int per, const std::uint8_t* codes, std::int64_t rows, std::in
 template <int kQ>
 void AccumulateSplitQ(int per, const std::uint8_t* codes, std::int64_t rows, std::int64_t row_bytes, std::int64_t run,
                       const float* a, std::int64_t a_stride, float* acc, std::int64_t acc_stride) {
-  if (per == 2)
+  if (per == 1)
+    AccumulateSplit<1, kQ>(codes, rows, row_bytes, run, a, a_stride, acc, acc_stride);
+  else if (per == 2)
     AccumulateSplit<2, kQ>(codes, rows, row_bytes, run, a, a_stride, acc, acc_stride);
   else
     AccumulateSplit<4, kQ>(codes, rows, row_bytes, run, a, a_stride, acc, acc_stride);
@@ -249,14 +275,12 @@ void AccumulateSplitQ(int per, const std::uint8_t* codes, std::int64_t rows, std
 // accumulators of larger groups would not stay in registers).
 void CodeScores(const std::uint8_t* codes, std::int64_t rows, std::int64_t row_bytes, int bits, std::int64_t dim,
                 const float* w, std::int64_t nq, std::int64_t w_stride, float* out, std::int64_t out_stride,
-                float* row) {
+                std::uint8_t* bytes) {
   const Slots sl(bits, dim);
-  if (sl.per == 1) {
-    for (std::int64_t r = 0; r < rows; ++r) {
-      UnpackRow(codes + r * row_bytes, bits, dim, row);
-      for (std::int64_t j = 0; j < nq; ++j) out[j * out_stride + r] = DotF(w + j * w_stride, row, dim);
-    }
-    return;
+  if (sl.per == 1) {  // one code per byte first, read by every query
+    UnpackBytes(codes, rows, row_bytes, bits, dim, bytes);
+    codes = bytes;
+    row_bytes = dim;
   }
   const int per = static_cast<int>(sl.per);
   for (std::int64_t j = 0; j < nq; j += 4) {
@@ -281,14 +305,12 @@ void CodeScores(const std::uint8_t* codes, std::int64_t rows, std::int64_t row_b
 
 void CodeAccumulate(const std::uint8_t* codes, std::int64_t rows, std::int64_t row_bytes, int bits, std::int64_t dim,
                     const float* a, std::int64_t nq, std::int64_t a_stride, float* acc, std::int64_t acc_stride,
-                    float* row) {
+                    std::uint8_t* bytes) {
   const Slots sl(bits, dim);
-  if (sl.per == 1) {
-    for (std::int64_t r = 0; r < rows; ++r) {
-      UnpackRow(codes + r * row_bytes, bits, dim, row);
-      for (std::int64_t j = 0; j < nq; ++j) AxpyF(a[j * a_stride + r], row, acc + j * acc_stride, dim);
-    }
-    return;
+  if (sl.per == 1) {  // one code per byte first, read by every query
+    UnpackBytes(codes, rows, row_bytes, bits, dim, bytes);
+    codes = bytes;
+    row_bytes = dim;
   }
   const int per = static_cast<int>(sl.per);
   for (std::int64_t j = 0; j < nq; j += 4) {
@@ -336,6 +358,13 @@ float* row_scratch(std::int64_t n) {
   if (static_cast<std::int64_t>(row.size()) < n) row.resize(static_cast<std::size_t>(n));
   return row.data();
 }
+// Codes unpacked to bytes, for channel-order rows only (else unused).
+std::uint8_t* byte_scratch(int bits, std::int64_t rows, std::int64_t dim) {
+  thread_local std::vector<std::uint8_t> bytes;
+  if (Slots(bits, dim).per != 1) return nullptr;
+  if (static_cast<std::int64_t>(bytes.size()) < rows * dim) bytes.resize(static_cast<std::size_t>(rows * dim));
+  return bytes.data();
+}
 }  // namespace
 
 const char* kernel_target() { return HWY_DYNAMIC_DISPATCH(TargetName)(); }
@@ -356,13 +385,13 @@ void half_accumulate(const float* p, std::int64_t nq, std::int64_t p_stride, con
 void code_scores(const std::uint8_t* codes, std::int64_t rows, std::int64_t row_bytes, int bits, std::int64_t dim,
                  const float* w, std::int64_t nq, std::int64_t w_stride, float* out, std::int64_t out_stride) {
   HWY_DYNAMIC_DISPATCH(CodeScores)
-  (codes, rows, row_bytes, bits, dim, w, nq, w_stride, out, out_stride, row_scratch(dim));
+  (codes, rows, row_bytes, bits, dim, w, nq, w_stride, out, out_stride, byte_scratch(bits, rows, dim));
 }
 
 void code_accumulate(const std::uint8_t* codes, std::int64_t rows, std::int64_t row_bytes, int bits, std::int64_t dim,
                      const float* a, std::int64_t nq, std::int64_t a_stride, float* acc, std::int64_t acc_stride) {
   HWY_DYNAMIC_DISPATCH(CodeAccumulate)
-  (codes, rows, row_bytes, bits, dim, a, nq, a_stride, acc, acc_stride, row_scratch(dim));
+  (codes, rows, row_bytes, bits, dim, a, nq, a_stride, acc, acc_stride, byte_scratch(bits, rows, dim));
 }
 
 void code_scores_reference(const std::uint8_t* codes, std::int64_t rows, std::int64_t row_bytes, int bits,
