@@ -10,6 +10,9 @@
 
 #include <algorithm>
 #include <cstring>
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>  // _pdep_u64 (BMI2: part of the AVX2 and AVX-512 targets)
+#endif
 
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "runtime/hex/kernels_cpu.cpp"
@@ -239,10 +242,14 @@ void UnpackBytes(const std::uint8_t* codes, std::int64_t rows, std::int64_t row_
       for (; c + 8 <= dim; c += 8) {
         const std::uint8_t* b = row + c / 8 * 3;
         std::uint64_t x = b[0] | (static_cast<std::uint64_t>(b[1]) << 8) | (static_cast<std::uint64_t>(b[2]) << 16);
+#if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX2  // BMI2 is part of these targets: one bit deposit
+        x = _pdep_u64(x, 0x0707070707070707ull);
+#else
         x = (x & 0xfffu) | ((x & 0xfff000u) << 20);                             // codes 0-3 | 4-7 at bit 32
         x = (x & 0x0000003f0000003full) | ((x & 0x00000fc000000fc0ull) << 10);  // pairs at bits 0, 16, 32, 48
         x = (x & 0x0007000700070007ull) | ((x & 0x0038003800380038ull) << 5);   // one code per byte
-        std::memcpy(o + c, &x, 8);                                              // little-endian: code k in byte k
+#endif
+        std::memcpy(o + c, &x, 8);  // little-endian: code k in byte k
       }
     }
     for (; c < dim; ++c) o[c] = static_cast<std::uint8_t>(packed_code(row, c, bits));
