@@ -8,6 +8,7 @@
 //    threads (bytes = what the cache stores, i.e. what decode must read).
 //  streaming_read/<threads>: a vectorised sum over 256 MB, the memory-read
 //    bandwidth the decode figures are compared with.
+// The context line simd_target names the kernels' SIMD target on this host.
 // Keys and values are Gaussian with a few outlier channels, the shape real
 // keys have; the expander mask is generated and certified like the runtime does.
 #include <benchmark/benchmark.h>
@@ -31,7 +32,7 @@ namespace {
 namespace rt = kvcal::runtime;
 
 constexpr std::int64_t kHeads = 8, kDim = 128, kBlock = 96, kTokens = 32768;
-const char* const kMethods[] = {"fp16", "kcvt4", "h2o4", "hex4", "hex3", "hex2"};
+const char* const kMethods[] = {"fp16", "kcvt4", "kcvt3", "kcvt2", "h2o4", "hex4", "hex3", "hex2"};
 
 // [heads][tokens][dim] fp16 keys and values.
 struct Data {
@@ -131,6 +132,8 @@ void streaming_read(benchmark::State& state) {
 }
 
 int register_all() {
+  // The SIMD target the kernels run on (dispatched at run time).
+  benchmark::AddCustomContext("simd_target", rt::simd_target());
   for (const char* m : kMethods) {
     if (std::string(m) != "fp16")
       benchmark::RegisterBenchmark((std::string("compress_block/") + m).c_str(), compress_block, std::string(m))

@@ -5,7 +5,9 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 kind=${1:-release}
 case "$kind" in
-  release) flags=(-DCMAKE_BUILD_TYPE=Release) ;;
+  # Portable (KVCAL_NATIVE=OFF, also in trees configured before it was the
+  # default): scripts/test_emulated.sh runs this build under qemu.
+  release) flags=(-DCMAKE_BUILD_TYPE=Release -DKVCAL_NATIVE=OFF) ;;
   asan)    flags=(-DCMAKE_BUILD_TYPE=RelWithDebInfo -DKVCAL_SANITIZE=ON -DKVCAL_BUILD_BENCHMARKS=OFF) ;;
   *) echo "usage: scripts/build.sh [release|asan]" >&2; exit 2 ;;
 esac

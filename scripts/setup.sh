@@ -7,7 +7,11 @@ set -euo pipefail
 packages=(build-essential cmake ninja-build pkg-config
           libeigen3-dev libspectra-dev libboost-graph-dev libhdf5-dev hdf5-tools
           libcli11-dev libfmt-dev libgtest-dev libbenchmark-dev time bc
-          libasan8 libubsan1 libtsan2)
+          libasan8 libubsan1 libtsan2
+          libhwy-dev
+          # scripts/test_emulated.sh: the runtime under qemu, for x86-64 without
+          # AVX and (cross-compiled) for aarch64
+          qemu-user g++-aarch64-linux-gnu libhwy-dev:arm64 libgtest-dev:arm64)
 
 # Python packages for the scripts and their tests (NumPy, h5py, matplotlib),
 # installed for the interpreter the build uses (PYTHON, default python3).
@@ -31,5 +35,8 @@ if [ "$(id -u)" -ne 0 ]; then
   SUDO=sudo
 fi
 export DEBIAN_FRONTEND=noninteractive
+if [[ " ${missing[*]} " == *":arm64 "* ]] && ! dpkg --print-foreign-architectures | grep -qx arm64; then
+  $SUDO dpkg --add-architecture arm64
+fi
 $SUDO apt-get update -qq
 $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null

@@ -11,6 +11,9 @@ jobs=$(nproc)
 scripts/build.sh release
 ctest --test-dir build/release --output-on-failure -j "$jobs"
 
+# The runtime under emulation: x86-64 without AVX and aarch64 (qemu-user).
+scripts/test_emulated.sh build/release
+
 scripts/build.sh asan
 export ASAN_OPTIONS=detect_leaks=1:abort_on_error=0:strict_string_checks=1
 export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1

@@ -8,6 +8,7 @@
 
 #include "io/h5.h"
 #include "kvcal/core/error.h"
+#include "kvcal/core/half.h"
 #include "kvcal/graph/generate.h"
 #include "kvcal/io/masks.h"
 #include "temp_dir.h"
@@ -130,7 +131,7 @@ TEST(HalfToFloat, EveryBinary16ValueExact) {
   std::vector<std::uint16_t> all(65536 + 3);
   for (std::size_t i = 0; i < all.size(); ++i) all[i] = static_cast<std::uint16_t>(i % 65536);
   std::vector<float> out(all.size());
-  detail::halves_to_floats(all.data(), static_cast<std::int64_t>(all.size()), out.data());  // bulk + scalar tail
+  fp16::to_floats(all.data(), static_cast<std::int64_t>(all.size()), out.data());  // bulk + scalar tail
   for (std::size_t i = 0; i < all.size(); ++i) {
     const std::uint32_t h = all[i];
     const double sign = (h & 0x8000) ? -1.0 : 1.0;

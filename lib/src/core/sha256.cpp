@@ -3,8 +3,10 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstring>
-#if defined(__SHA__) && defined(__SSE4_1__)
+#if defined(__x86_64__) && defined(__GNUC__)
+#include <cpuid.h>
 #include <immintrin.h>
+#define KVCAL_SHA_NI 1
 #endif
 #include <memory>
 #include <vector>
@@ -32,12 +34,26 @@ Sha256::Sha256(bool portable)
     : h_{0x6a09e667, 0xbb67ae85, 0x3c6ef372, 0xa54ff53a, 0x510e527f, 0x9b05688c, 0x1f83d9ab, 0x5be0cd19},
       portable_(portable) {}
 
-#if defined(__SHA__) && defined(__SSE4_1__)
+#if defined(KVCAL_SHA_NI)
 namespace {
+
+// Whether the CPU has the SHA extensions and SSE4.1 (checked once; the
+// build itself targets baseline x86-64, the rounds below are compiled for
+// SHA-NI with a target attribute and run only where the CPU has it).
+bool cpu_has_sha() {
+  static const bool has = [] {
+    unsigned a = 0, b = 0, c = 0, d = 0;
+    if (!__get_cpuid(1, &a, &b, &c, &d) || !(c & bit_SSE4_1) || !(c & bit_SSSE3)) return false;
+    if (!__get_cpuid_count(7, 0, &a, &b, &c, &d)) return false;
+    return (b & (1u << 29)) != 0;  // CPUID.(EAX=7,ECX=0):EBX.SHA[bit 29]
+  }();
+  return has;
+}
 
 // The SHA-256 compression with the SHA extensions (Intel SHA-NI, also on AMD
 // Zen): the state lives as ABEF / CDGH, four rounds per message group.
-void blocks_shani(std::uint32_t* h, const std::uint8_t* p, std::size_t nblocks) {
+__attribute__((target("sha,sse4.1,ssse3"))) void blocks_shani(std::uint32_t* h, const std::uint8_t* p,
+                                                              std::size_t nblocks) {
   const __m128i mask = _mm_set_epi64x(0x0c0d0e0f08090a0bULL, 0x0405060700010203ULL);
   __m128i tmp = _mm_loadu_si128(reinterpret_cast<const __m128i*>(h));
   __m128i state1 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(h + 4));
@@ -78,8 +94,8 @@ void blocks_shani(std::uint32_t* h, const std::uint8_t* p, std::size_t nblocks) 
 #endif
 
 void Sha256::block(const std::uint8_t* p) {
-#if defined(__SHA__) && defined(__SSE4_1__)
-  if (!portable_) {
+#if defined(KVCAL_SHA_NI)
+  if (!portable_ && cpu_has_sha()) {
     blocks_shani(h_, p, 1);
     return;
   }
@@ -121,8 +137,8 @@ void Sha256::update(const void* data, std::size_t size) {
     block(buf_);
     buf_len_ = 0;
   }
-#if defined(__SHA__) && defined(__SSE4_1__)
-  if (size >= 64 && !portable_) {
+#if defined(KVCAL_SHA_NI)
+  if (size >= 64 && !portable_ && cpu_has_sha()) {
     blocks_shani(h_, p, size / 64);
     p += size / 64 * 64;
     size %= 64;

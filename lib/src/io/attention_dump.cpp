@@ -9,7 +9,7 @@
 #include <utility>
 
 #include "io/h5.h"
-#include "kvcal/runtime/common.h"
+#include "kvcal/core/half.h"
 
 namespace kvcal {
 
@@ -176,7 +176,7 @@ std::pair<std::int64_t, std::int64_t> decode_rows(const std::uint16_t* half, con
         const std::int64_t q = g * group + m;
         const std::int64_t offset = (o * H + q) * width;
         const float* src = single ? single + offset : row.data();
-        if (half) detail::halves_to_floats(half + offset, width, row.data());
+        if (half) fp16::to_floats(half + offset, width, row.data());
         // Fast check: every valid entry in [0, FLT_MAX] (NaN fails), the sum
         // (16 float lanes, then double), and zero padding; the exact message
         // comes from check_rows later.
@@ -222,7 +222,7 @@ LayerAttention AttentionDump::decode_layer(const RawLayer& raw, GqaReduce gqa, d
                      std::int64_t len, const std::string& dctx, const std::string& where) {
     std::vector<float> row(static_cast<std::size_t>(w));
     if (half) {
-      detail::halves_to_floats(half + offset, w, row.data());
+      fp16::to_floats(half + offset, w, row.data());
     } else {
       std::copy(single + offset, single + offset + w, row.data());
     }
@@ -312,7 +312,7 @@ AttentionDump::QkvLayer AttentionDump::read_qkv_layer(const DumpSample& s, std::
         detail::read_raw_float_block(ds.get(), start, count, dst, single, fmt::format("{}, dataset '{}'", ctx, name));
     if (!half) {
       dst.resize(single.size());
-      for (std::size_t i = 0; i < single.size(); ++i) dst[i] = runtime::float_to_half(single[i]);
+      for (std::size_t i = 0; i < single.size(); ++i) dst[i] = fp16::from_float(single[i]);
     }
   };
   read("queries", {0, layer, 0, 0}, {s.steps, 1, q_heads_, dh}, out.queries);

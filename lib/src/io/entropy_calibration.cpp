@@ -8,6 +8,7 @@
 
 #include "io/bundle_internal.h"
 #include "io/h5.h"
+#include "kvcal/core/half.h"
 #include "kvcal/core/log.h"
 #include "kvcal/core/sha256.h"
 #include "kvcal/io/attention_dump.h"
@@ -56,7 +57,7 @@ void sample_token_stats(hid_t g, const std::string& ctx, std::int64_t expected, 
       const float* data = single.data();
       if (is_half) {
         rows_f.resize(static_cast<std::size_t>(nr * v));
-        detail::halves_to_floats(half.data(), nr * v, rows_f.data());
+        fp16::to_floats(half.data(), nr * v, rows_f.data());
         data = rows_f.data();
       }
       try {

@@ -4,12 +4,9 @@
 #include <unistd.h>
 
 #include <atomic>
-#include <limits>
-#if defined(__F16C__) && defined(__AVX__)
-#include <immintrin.h>
-#endif
 #include <cstdio>
 #include <cstring>
+#include <limits>
 #include <type_traits>
 
 #include <fmt/ranges.h>
@@ -330,47 +327,6 @@ DatasetInfo dataset_info(hid_t dataset) {
     }
   }
   return info;
-}
-
-namespace {
-
-// IEEE binary16 -> binary32, exact for every input (subnormals, inf, NaN).
-inline float half_to_float(std::uint16_t h) {
-  const std::uint32_t sign = static_cast<std::uint32_t>(h & 0x8000u) << 16;
-  const std::uint32_t exp = (h >> 10) & 0x1fu;
-  const std::uint32_t man = h & 0x3ffu;
-  std::uint32_t bits;
-  if (exp == 0) {
-    if (man == 0) {
-      bits = sign;
-    } else {  // subnormal: value = man * 2^-24, exactly representable in float
-      float f = static_cast<float>(man) * 5.9604644775390625e-8f;
-      std::memcpy(&bits, &f, 4);
-      bits |= sign;
-    }
-  } else if (exp == 31) {
-    bits = sign | 0x7f800000u | (man << 13);
-  } else {
-    bits = sign | ((exp + 112) << 23) | (man << 13);
-  }
-  float out;
-  std::memcpy(&out, &bits, 4);
-  return out;
-}
-
-}  // namespace
-
-// Bulk conversion: the F16C instruction when the build targets it (exact, as
-// the scalar path), else the scalar routine.
-void halves_to_floats(const std::uint16_t* in, std::int64_t n, float* out) {
-  std::int64_t i = 0;
-#if defined(__F16C__) && defined(__AVX__)
-  for (; i + 8 <= n; i += 8) {
-    const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(in + i));
-    _mm256_storeu_ps(out + i, _mm256_cvtph_ps(h));
-  }
-#endif
-  for (; i < n; ++i) out[i] = half_to_float(in[i]);
 }
 
 namespace {

@@ -105,9 +105,6 @@ DatasetInfo dataset_info(hid_t dataset);
 bool read_raw_float_block(hid_t dataset, const std::vector<std::int64_t>& start, const std::vector<std::int64_t>& count,
                           std::vector<std::uint16_t>& half, std::vector<float>& single, const std::string& context);
 
-// IEEE binary16 -> float for n values (exact; F16C when available).
-void halves_to_floats(const std::uint16_t* in, std::int64_t n, float* out);
-
 // N-d datasets, optionally chunked and compressed (chunk empty: contiguous).
 void write_dataset(hid_t loc, const std::string& name, const std::vector<std::int64_t>& dims, const float* data,
                    const std::vector<std::int64_t>& chunk = {});

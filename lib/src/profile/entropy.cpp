@@ -8,6 +8,7 @@
 #include <cstring>
 #include <limits>
 
+#include "core/simd_clones.h"
 #include "kvcal/core/error.h"
 
 namespace kvcal {
@@ -19,17 +20,17 @@ namespace {
 typedef float vf16 __attribute__((vector_size(64)));
 typedef std::int32_t vi16 __attribute__((vector_size(64)));
 
-inline vf16 load16(const float* p) {
+[[gnu::always_inline]] inline vf16 load16(const float* p) {
   vf16 v;
   std::memcpy(&v, p, sizeof v);
   return v;
 }
 
-inline vf16 splat(float x) { return vf16{} + x; }
+[[gnu::always_inline]] inline vf16 splat(float x) { return vf16{} + x; }
 
 // 2^y for y in [-126, 0], lane by lane: k = round(y), 2^(y-k) by its degree-6
 // Taylor polynomial on [-1/2, 1/2] (relative error < 1.3e-7), 2^k in the bits.
-inline vf16 exp2_nonpositive(vf16 y) {
+[[gnu::always_inline]] inline vf16 exp2_nonpositive(vf16 y) {
   const vf16 kf = (y + splat(12582912.0f)) - splat(12582912.0f);  // round to nearest
   const vf16 r = y - kf;
   vf16 p = splat(1.5403530393381609e-4f);     // ln2^6 / 6!
@@ -45,11 +46,13 @@ inline vf16 exp2_nonpositive(vf16 y) {
 
 }  // namespace
 
-TokenStats token_stats(const float* z, std::int64_t v) {
-  KVCAL_CHECK(v >= 1, "a logits row needs at least one entry (V = 0)");
+namespace detail {
+
+// The two vector passes of token_stats, compiled per x86-64 SIMD level
+// (core/simd_clones.h). They throw nothing: the checks stay in token_stats.
+KVCAL_SIMD_CLONES void token_max(const float* z, std::int64_t v, float* max_out, bool* bad_out) {
   constexpr float kInf = std::numeric_limits<float>::infinity();
   const std::int64_t vec_end = v / 16 * 16;
-
   // Pass 1: the maximum, and whether any entry is NaN or +inf.
   float m = -kInf;
   bool bad = false;
@@ -70,13 +73,12 @@ TokenStats token_stats(const float* z, std::int64_t v) {
       bad |= !(z[i] < kInf);
     }
   }
-  if (bad) {
-    for (std::int64_t i = 0; i < v; ++i) {
-      KVCAL_CHECK(z[i] < kInf, "logit {} at index {} is {}", z[i], i, std::isnan(z[i]) ? "NaN" : "+inf");
-    }
-  }
-  KVCAL_CHECK(m > -kInf, "every logit of the row is -inf");
+  *max_out = m;
+  *bad_out = bad;
+}
 
+KVCAL_SIMD_CLONES void token_moments(const float* z, std::int64_t v, float m, double* out) {
+  const std::int64_t vec_end = v / 16 * 16;
   // Pass 2 (the row is in cache now), in base 2: y = (z - m) log2(e), clamped
   // at -126 (a masked -inf logit then weighs 2^-126 ~ 1e-38: nothing next to
   // the maximum's weight of 1). s = sum 2^y, s1 = sum 2^y y, s2 = sum 2^y y^2;
@@ -105,6 +107,27 @@ TokenStats token_stats(const float* z, std::int64_t v) {
     s1 += e * y;
     s2 += e * y * y;
   }
+  out[0] = s, out[1] = s1, out[2] = s2;
+}
+
+}  // namespace detail
+
+TokenStats token_stats(const float* z, std::int64_t v) {
+  KVCAL_CHECK(v >= 1, "a logits row needs at least one entry (V = 0)");
+  constexpr float kInf = std::numeric_limits<float>::infinity();
+  float m = -kInf;
+  bool bad = false;
+  detail::token_max(z, v, &m, &bad);
+  if (bad) {
+    for (std::int64_t i = 0; i < v; ++i) {
+      KVCAL_CHECK(z[i] < kInf, "logit {} at index {} is {}", z[i], i, std::isnan(z[i]) ? "NaN" : "+inf");
+    }
+  }
+  KVCAL_CHECK(m > -kInf, "every logit of the row is -inf");
+
+  double sums[3];
+  detail::token_moments(z, v, m, sums);
+  double s = sums[0], s1 = sums[1], s2 = sums[2];
   // Back to nats: x = y ln 2.
   constexpr double kLn2 = 0.69314718055994530942;
   s1 *= kLn2;

@@ -11,6 +11,7 @@
 
 #include <boost/graph/adjacency_list.hpp>
 
+#include "core/simd_clones.h"
 #include "kvcal/core/error.h"
 
 namespace kvcal {
@@ -43,7 +44,7 @@ const char* to_string(HeadRole r) {
   return "unknown";
 }
 
-void average_pool(const float* row, std::int64_t len, std::int64_t kernel, float* out) {
+KVCAL_SIMD_CLONES void average_pool(const float* row, std::int64_t len, std::int64_t kernel, float* out) {
   if (kernel <= 1) {
     std::copy(row, row + len, out);
     return;

@@ -6,6 +6,11 @@
 // bit, binary16 values decoded with ldexp), attention is a double softmax over
 // plain loops, and the tokens a cache should keep in fp16 are recomputed from
 // the rules in hex.h's file comment.
+// AVX3_DL (AVX-512 with VNNI, VBMI2, VPOPCNTDQ) is one of the compiled
+// targets; Highway leaves it out unless asked before its first include.
+#ifndef HWY_WANT_AVX3_DL
+#define HWY_WANT_AVX3_DL 1
+#endif
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -18,6 +23,8 @@
 #include <set>
 #include <string>
 #include <vector>
+
+#include <hwy/targets.h>
 
 #include "kvcal/runtime/common.h"
 #include "kvcal/runtime/hex.h"
@@ -484,15 +491,18 @@ TEST(RuntimeHex, CompressBlockRejectsBadInput) {
 
 // ------------------------------------------------------------ scores / accumulate
 
-TEST(RuntimeHex, BlockScoresAndAccumulateMatchDense) {
+// Decode of one block against the dense double reference, on the SIMD target
+// the runtime dispatches to now.
+void check_block_decode() {
   std::mt19937_64 rng(0x4e580005);
   const i64 T = 20;
   int cases = 0;
-  // 64: the permuted 2- and 4-bit paths; 12: permuted for 2 and 4 bits; 10:
-  // permuted for 4 bits, not for 2; 7: never permuted.
-  for (const i64 D : {64, 12, 10, 7})
+  // 64, 130: the permuted 2- and 4-bit paths (vector loops, and for 130 a
+  // scalar tail); 12: permuted for 2 and 4 bits; 10: permuted for 4 bits, not
+  // for 2; 7: never permuted. Query groups of 1, 3, 4 (one pass) and 5 (4 + 1).
+  for (const i64 D : {64, 130, 12, 10, 7})
     for (const int bits : {0, 2, 3, 4})
-      for (const i64 nq : {1, 3})
+      for (const i64 nq : {1, 3, 4, 5})
         for (const bool with_mask : {false, true})
           for (const bool with_kept : {false, true}) {
             SCOPED_TRACE("D " + std::to_string(D) + " bits " + std::to_string(bits) + " nq " + std::to_string(nq) +
@@ -560,7 +570,23 @@ TEST(RuntimeHex, BlockScoresAndAccumulateMatchDense) {
             }
             ++cases;
           }
-  EXPECT_EQ(cases, 4 * 4 * 2 * 2 * 2);
+  EXPECT_EQ(cases, 5 * 4 * 4 * 2 * 2);
+}
+
+TEST(RuntimeHex, BlockScoresAndAccumulateMatchDense) { check_block_decode(); }
+
+// Every SIMD target compiled in and supported by this CPU, forced in turn.
+TEST(RuntimeHex, BlockDecodeOnEverySimdTarget) {
+  const auto targets = hwy::SupportedAndGeneratedTargets();
+  ASSERT_FALSE(targets.empty());
+  for (const std::int64_t target : targets) {
+    hwy::SetSupportedTargetsForTest(target);
+    SCOPED_TRACE(std::string("target ") + hwy::TargetName(target));
+    EXPECT_EQ(simd_target(), hwy::TargetName(target));  // the runtime really dispatches there
+    check_block_decode();
+  }
+  hwy::SetSupportedTargetsForTest(0);  // back to the host's best
+  EXPECT_EQ(simd_target(), hwy::TargetName(targets.front()));
 }
 
 // ------------------------------------------------------------ attend_fp16

@@ -12,9 +12,7 @@
 #include <stdexcept>
 #include <string>
 
-#if defined(__F16C__) && !defined(__CUDACC__)
-#include <immintrin.h>
-#endif
+#include "kvcal/core/half.h"
 
 #if defined(_WIN32)
 #define KVCAL_RUNTIME_API
@@ -22,11 +20,7 @@
 #define KVCAL_RUNTIME_API __attribute__((visibility("default")))
 #endif
 
-#if defined(__CUDACC__)
-#define KVCAL_HD __host__ __device__
-#else
-#define KVCAL_HD
-#endif
+// KVCAL_HD (host/device qualifier) comes from kvcal/core/half.h.
 
 namespace kvcal::runtime {
 
@@ -38,65 +32,24 @@ class KVCAL_RUNTIME_API Error : public std::runtime_error {
 };
 
 // IEEE binary16 storage: the runtime stores half-precision values as their
-// 16-bit patterns, so that no compiler extension is needed in the API.
-using half_bits = std::uint16_t;
+// 16-bit patterns, so that no compiler extension is needed in the API. The
+// conversions are kvcal's one fp16 layer (kvcal/core/half.h).
+using half_bits = fp16::half_bits;
 
 // binary16 -> binary32, exact (subnormals, infinities and NaN included).
-KVCAL_HD inline float half_to_float(half_bits h) {
-#if defined(__F16C__) && !defined(__CUDACC__)
-  return _cvtsh_ss(h);  // the same result, one instruction
-#else
-  const std::uint32_t sign = static_cast<std::uint32_t>(h & 0x8000u) << 16;
-  std::uint32_t exp = (h >> 10) & 0x1fu;
-  std::uint32_t man = h & 0x3ffu;
-  std::uint32_t bits;
-  if (exp == 0x1fu) {
-    bits = sign | 0x7f800000u | (man << 13);
-  } else if (exp != 0) {
-    bits = sign | ((exp + 112u) << 23) | (man << 13);
-  } else if (man == 0) {
-    bits = sign;
-  } else {  // subnormal: normalise
-    exp = 113u;
-    while ((man & 0x400u) == 0) {
-      man <<= 1;
-      --exp;
-    }
-    bits = sign | (exp << 23) | ((man & 0x3ffu) << 13);
-  }
-  float f;
-  std::memcpy(&f, &bits, sizeof f);
-  return f;
-#endif
-}
+KVCAL_HD inline float half_to_float(half_bits h) { return fp16::to_float(h); }
 
 // binary32 -> binary16, round to nearest even; overflow gives infinity.
-KVCAL_HD inline half_bits float_to_half(float f) {
-  std::uint32_t x;
-  std::memcpy(&x, &f, sizeof x);
-  const std::uint32_t sign = (x >> 16) & 0x8000u;
-  const std::uint32_t abs = x & 0x7fffffffu;
-  if (abs >= 0x7f800000u) return static_cast<half_bits>(sign | 0x7c00u | (abs > 0x7f800000u ? 0x200u : 0u));
-  if (abs >= 0x477ff000u) return static_cast<half_bits>(sign | 0x7c00u);  // rounds past 65504
-  if (abs >= 0x38800000u) {                                               // normal half
-    const std::uint32_t mant_odd = (abs >> 13) & 1u;
-    const std::uint32_t rounded = abs + 0xfffu + mant_odd;
-    return static_cast<half_bits>(sign | ((rounded - 0x38000000u) >> 13));
-  }
-  if (abs < 0x33000000u) return static_cast<half_bits>(sign);  // below half the smallest subnormal
-  // subnormal half: shift the 24-bit significand, round to nearest even
-  const std::uint32_t e = abs >> 23;
-  const std::uint32_t m = (abs & 0x7fffffu) | 0x800000u;
-  const std::uint32_t shift = 126u - e;  // 14..24
-  const std::uint32_t q = m >> shift;
-  const std::uint32_t rem = m & ((1u << shift) - 1u);
-  const std::uint32_t halfway = 1u << (shift - 1u);
-  const std::uint32_t r = q + ((rem > halfway || (rem == halfway && (q & 1u))) ? 1u : 0u);
-  return static_cast<half_bits>(sign | r);
-}
+KVCAL_HD inline half_bits float_to_half(float f) { return fp16::from_float(f); }
 
-// Bulk conversions (F16C when the build has it).
+// Bulk conversions, dispatched at run time to the host's SIMD (F16C, NEON, ...);
+// bit-for-bit the scalar ones above.
 KVCAL_RUNTIME_API void halves_to_floats(const half_bits* in, std::int64_t n, float* out);
 KVCAL_RUNTIME_API void floats_to_halves(const float* in, std::int64_t n, half_bits* out);
+
+// The SIMD target the runtime's kernels were dispatched to on this host, by
+// its Google Highway name: "AVX3_DL" (AVX-512 with VNNI), "AVX3" (AVX-512),
+// "AVX2", "SSE4", "SSSE3", "NEON", "SVE", "SVE2", or "EMU128"/"SCALAR" (no SIMD).
+KVCAL_RUNTIME_API std::string simd_target();
 
 }  // namespace kvcal::runtime

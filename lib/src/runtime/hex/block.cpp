@@ -1,0 +1,348 @@
+// The HEX block contract: compression of one block of keys and values into
+// fp16 rows, KCVT codes and expander entries (HEX Sec. 3; KCVT: keys grouped
+// by channel, values by token), and decode (scores, value accumulation) over
+// one block. The loops over codes and rows are the kernels of kernels_cpu.h.
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "kvcal/runtime/hex.h"
+#include "runtime/checks.h"
+#include "runtime/hex/block.h"
+#include "runtime/hex/kernels_cpu.h"
+
+namespace kvcal::runtime {
+
+using detail::fail;
+using detail::require;
+
+namespace detail {
+
+void check_mask(const Mask& m) {
+  require(m.rows >= 1 && m.cols >= 1 && m.row_degree >= 1 && m.row_degree <= m.cols,
+          "the expander mask's shape or row degree is out of range");
+  require(m.nnz() == m.rows * m.row_degree && static_cast<std::int64_t>(m.indptr.size()) == m.rows + 1,
+          "the expander mask's indptr/indices sizes do not match rows x row_degree");
+  for (std::int64_t i = 0; i < m.rows; ++i) {
+    if (m.indptr[static_cast<std::size_t>(i)] != i * m.row_degree)
+      fail("the expander mask's rows do not all have row_degree entries (row " + std::to_string(i) + ")");
+    for (std::int64_t e = 0; e < m.row_degree; ++e) {
+      const std::int32_t c = m.indices[static_cast<std::size_t>(i * m.row_degree + e)];
+      const bool ascending = e == 0 || c > m.indices[static_cast<std::size_t>(i * m.row_degree + e - 1)];
+      if (c < 0 || c >= m.cols || !ascending)
+        fail("the expander mask's row " + std::to_string(i) + " has a column out of range, repeated or unsorted");
+    }
+  }
+}
+
+bool finite_halves(const half_bits* x, std::int64_t n) {
+  for (std::int64_t i = 0; i < n; ++i)
+    if ((x[i] & 0x7c00u) == 0x7c00u) return false;
+  return true;
+}
+
+void softmax_rows(float* s, std::int64_t rows, std::int64_t n, std::int64_t stride) {
+  for (std::int64_t j = 0; j < rows; ++j) {
+    float* r = s + j * stride;
+    float m = -std::numeric_limits<float>::infinity();
+    for (std::int64_t t = 0; t < n; ++t) m = std::max(m, r[t]);
+    float z = 0;
+    for (std::int64_t t = 0; t < n; ++t) {
+      r[t] = std::exp(r[t] - m);
+      z += r[t];
+    }
+    const float inv = 1.0f / z;
+    for (std::int64_t t = 0; t < n; ++t) r[t] *= inv;
+  }
+}
+
+HexBlock compress_checked_block(const half_bits* k, const half_bits* v, std::int64_t tokens, std::int64_t dim,
+                                std::int64_t stride, const std::uint8_t* keep_rows, std::shared_ptr<const Mask> mask,
+                                int bits) {
+  HexBlock b;
+  b.tokens = static_cast<std::int32_t>(tokens);
+  b.head_dim = static_cast<std::int32_t>(dim);
+  b.bits = bits;
+  const auto copy_row = [&](std::vector<half_bits>& dst, const half_bits* src) {
+    dst.insert(dst.end(), src, src + dim);
+  };
+  if (bits == 0) {
+    for (std::int64_t t = 0; t < tokens; ++t) {
+      copy_row(b.k_kept, k + t * stride);
+      copy_row(b.v_kept, v + t * stride);
+    }
+    return b;
+  }
+  if (mask) b.mask = std::move(mask);
+  const std::int64_t d1 = b.mask ? b.mask->row_degree : 0;
+  std::vector<std::int64_t> quant_tokens;
+  for (std::int64_t t = 0; t < tokens; ++t) {
+    if (keep_rows && keep_rows[t]) {
+      b.kept_index.push_back(static_cast<std::uint16_t>(t));
+      copy_row(b.k_kept, k + t * stride);
+      copy_row(b.v_kept, v + t * stride);
+    } else {
+      quant_tokens.push_back(t);
+    }
+  }
+  const auto nq = static_cast<std::int64_t>(quant_tokens.size());
+  if (nq == 0) {
+    b.mask.reset();
+    return b;
+  }
+  // Gather the quantized rows contiguously and mark the expander's entries.
+  std::vector<half_bits> kq(static_cast<std::size_t>(nq * dim)), vq(kq.size());
+  std::vector<std::uint8_t> skip(kq.size(), 0);
+  for (std::int64_t q = 0; q < nq; ++q) {
+    const std::int64_t t = quant_tokens[static_cast<std::size_t>(q)];
+    std::copy(k + t * stride, k + t * stride + dim, kq.begin() + q * dim);
+    std::copy(v + t * stride, v + t * stride + dim, vq.begin() + q * dim);
+    for (std::int64_t j = 0; j < d1; ++j) {
+      const std::int32_t c = b.mask->indices[static_cast<std::size_t>(t * d1 + j)];
+      skip[static_cast<std::size_t>(q * dim + c)] = 1;
+      b.k_sparse.push_back(kq[static_cast<std::size_t>(q * dim + c)]);
+      b.v_sparse.push_back(vq[static_cast<std::size_t>(q * dim + c)]);
+    }
+  }
+  const std::uint8_t* skip_p = d1 > 0 ? skip.data() : nullptr;
+  b.k_params.resize(static_cast<std::size_t>(dim));
+  for (std::int64_t c = 0; c < dim; ++c)
+    b.k_params[static_cast<std::size_t>(c)] =
+        quant_params(kq.data() + c, nq, dim, bits, skip_p ? skip_p + c : nullptr, dim);
+  b.v_params.resize(static_cast<std::size_t>(nq));
+  for (std::int64_t q = 0; q < nq; ++q)
+    b.v_params[static_cast<std::size_t>(q)] =
+        quant_params(vq.data() + q * dim, dim, 1, bits, skip_p ? skip_p + q * dim : nullptr, 1);
+  const std::int64_t row_bytes = packed_bytes(dim, bits);
+  b.k_codes.assign(static_cast<std::size_t>(nq * row_bytes), 0);
+  b.v_codes.assign(b.k_codes.size(), 0);
+  std::vector<std::uint8_t> kc(static_cast<std::size_t>(dim)), vc(kc.size());
+  for (std::int64_t q = 0; q < nq; ++q) {
+    const QuantParams vp = b.v_params[static_cast<std::size_t>(q)];
+    for (std::int64_t c = 0; c < dim; ++c) {
+      const auto i = static_cast<std::size_t>(q * dim + c);
+      // The expander's entries are stored in fp16; their codes are 0, so
+      // that decode corrects them with (x - min) and needs no code lookup.
+      const bool masked = skip[i] != 0;
+      kc[static_cast<std::size_t>(c)] =
+          masked ? std::uint8_t{0}
+                 : quantize_value(half_to_float(kq[i]), b.k_params[static_cast<std::size_t>(c)], bits);
+      vc[static_cast<std::size_t>(c)] = masked ? std::uint8_t{0} : quantize_value(half_to_float(vq[i]), vp, bits);
+    }
+    pack_codes(kc.data(), dim, bits, b.k_codes.data() + q * row_bytes);
+    pack_codes(vc.data(), dim, bits, b.v_codes.data() + q * row_bytes);
+  }
+  return b;
+}
+
+}  // namespace detail
+
+using namespace detail;  // NOLINT(google-build-using-namespace): the kernels and block helpers
+
+// ---------------------------------------------------------------- blocks
+
+HexBlockView HexBlock::view() const {
+  HexBlockView b;
+  b.tokens = tokens;
+  b.head_dim = head_dim;
+  b.bits = bits;
+  b.kept_rows = bits == 0 ? tokens : static_cast<std::int32_t>(kept_index.size());
+  b.kept_index = kept_index.empty() ? nullptr : kept_index.data();
+  b.k_kept = k_kept.data();
+  b.v_kept = v_kept.data();
+  b.row_bytes = bits == 0 ? 0 : static_cast<std::int32_t>(packed_bytes(head_dim, bits));
+  b.k_codes = k_codes.data();
+  b.v_codes = v_codes.data();
+  b.k_params = k_params.data();
+  b.v_params = v_params.data();
+  b.mask_degree = mask ? static_cast<std::int32_t>(mask->row_degree) : 0;
+  b.mask_indices = mask ? mask->indices.data() : nullptr;
+  b.k_sparse = k_sparse.data();
+  b.v_sparse = v_sparse.data();
+  return b;
+}
+
+std::int64_t hex_block_bytes(const HexBlockView& b) {
+  const std::int64_t d = b.head_dim, kept = b.kept_rows, quant = b.quant_rows();
+  if (b.bits == 0) return kept * d * 2 * 2;
+  std::int64_t bytes = kept * 2 + kept * d * 2 * 2;
+  if (quant > 0) {
+    bytes += 2 * quant * b.row_bytes;                                 // key and value codes
+    bytes += d * static_cast<std::int64_t>(sizeof(QuantParams));      // key groups (channels)
+    bytes += quant * static_cast<std::int64_t>(sizeof(QuantParams));  // value groups (tokens)
+    bytes += 2 * quant * b.mask_degree * 2;                           // fp16 expander entries, K and V
+  }
+  return bytes;
+}
+
+HexBlock hex_compress_block(const half_bits* k, const half_bits* v, std::int64_t tokens, std::int64_t dim,
+                            std::int64_t stride, const std::uint8_t* keep_rows, std::shared_ptr<const Mask> mask,
+                            int bits) {
+  require(tokens >= 1 && tokens <= 65535, "a block holds 1..65535 tokens, got " + std::to_string(tokens));
+  require(dim >= 1 && stride >= dim, "bad head_dim or token stride");
+  require(bits == 0 || (bits >= 2 && bits <= 4), "bits must be 0, 2, 3 or 4");
+  for (std::int64_t t = 0; t < tokens; ++t)
+    if (!finite_halves(k + t * stride, dim) || !finite_halves(v + t * stride, dim))
+      fail("non-finite key or value at block token " + std::to_string(t));
+  if (mask) {
+    require(mask->rows >= tokens && mask->cols == dim, "the expander mask's shape does not fit the block");
+    check_mask(*mask);
+  }
+  return compress_checked_block(k, v, tokens, dim, stride, keep_rows, std::move(mask), bits);
+}
+
+void hex_dequantize_block(const HexBlockView& b, float* k, float* v) {
+  const std::int64_t d = b.head_dim;
+  std::int64_t kept = 0, q = 0;
+  for (std::int64_t t = 0; t < b.tokens; ++t) {
+    float* kr = k + t * d;
+    float* vr = v + t * d;
+    if (b.bits == 0 || (kept < b.kept_rows && b.kept_index[kept] == t)) {
+      halves_to_floats(b.k_kept + kept * d, d, kr);
+      halves_to_floats(b.v_kept + kept * d, d, vr);
+      ++kept;
+      continue;
+    }
+    for (std::int64_t c = 0; c < d; ++c) {
+      kr[c] = dequantize_value(packed_code(b.k_codes + q * b.row_bytes, c, b.bits), b.k_params[c]);
+      vr[c] = dequantize_value(packed_code(b.v_codes + q * b.row_bytes, c, b.bits), b.v_params[q]);
+    }
+    for (std::int64_t j = 0; j < b.mask_degree; ++j) {
+      const std::int32_t c = b.mask_indices[t * b.mask_degree + j];
+      kr[c] = half_to_float(b.k_sparse[q * b.mask_degree + j]);
+      vr[c] = half_to_float(b.v_sparse[q * b.mask_degree + j]);
+    }
+    ++q;
+  }
+}
+
+namespace {
+
+// Per-thread scratch of the decode paths (no allocation per block).
+struct Scratch {
+  std::vector<float> qd, bias, kmin, params, sparse, qs, acc, base, a;
+  static float* get(std::vector<float>& v, std::int64_t n) {
+    if (static_cast<std::int64_t>(v.size()) < n) v.resize(static_cast<std::size_t>(n));
+    return v.data();
+  }
+};
+thread_local Scratch scratch;
+
+}  // namespace
+
+// Scores: the packed rows through code_scores (one pass for the whole query
+// group), then per token the bias q . min and the expander corrections.
+void hex_block_scores(const HexBlockView& b, const float* q, std::int64_t nq, std::int64_t q_stride, float scale,
+                      float* scores, std::int64_t s_stride) {
+  const std::int64_t d = b.head_dim, d1 = b.mask_degree, nqr = b.quant_rows();
+  if (b.bits == 0) {
+    half_scores(q, nq, q_stride, b.k_kept, b.tokens, d, d, scale, scores, s_stride);
+    return;
+  }
+  const Slots sl(b.bits, d);
+  Scratch& sc = scratch;
+  float* qd = Scratch::get(sc.qd, nq * d);  // [nq][slot]: scale * q_c * delta_c
+  float* bias = Scratch::get(sc.bias, nq);  // scale * q . min
+  float* kmin = Scratch::get(sc.kmin, d);
+  float* sparse = Scratch::get(sc.sparse, nqr * d1);
+  float* qs = Scratch::get(sc.qs, nq * nqr);  // [nq][quantized row]: the code part of the score
+  if (nqr > 0) {
+    // The key groups' (delta, min) pairs in one conversion, then split.
+    float* params = Scratch::get(sc.params, 2 * d);
+    static_assert(sizeof(QuantParams) == 2 * sizeof(half_bits), "QuantParams is two packed halves");
+    halves_to_floats(reinterpret_cast<const half_bits*>(b.k_params), 2 * d, params);
+    for (std::int64_t c = 0; c < d; ++c) kmin[c] = params[2 * c + 1];
+    for (std::int64_t j = 0; j < nq; ++j) {
+      const float* qj = q + j * q_stride;
+      for (std::int64_t c = 0; c < d; ++c) qd[j * d + sl.slot(c)] = scale * qj[c] * params[2 * c];
+      bias[j] = scale * dot(qj, kmin, d);
+    }
+    if (d1 > 0) halves_to_floats(b.k_sparse, nqr * d1, sparse);
+    code_scores(b.k_codes, nqr, b.row_bytes, b.bits, d, qd, nq, d, qs, nqr);
+  }
+  std::int64_t kept = 0, qr = 0;
+  for (std::int64_t t = 0; t < b.tokens; ++t) {
+    if (kept < b.kept_rows && b.kept_index[kept] == t) {
+      half_scores(q, nq, q_stride, b.k_kept + kept * d, 1, d, d, scale, scores + t, s_stride);
+      ++kept;
+      continue;
+    }
+    const std::int32_t* cols = b.mask_indices + t * d1;
+    const float* xs = sparse + qr * d1;
+    for (std::int64_t j = 0; j < nq; ++j) {
+      const float* qj = q + j * q_stride;
+      float s = bias[j] + qs[j * nqr + qr];
+      // Expander entries (code 0): the stored value replaces min_c.
+      for (std::int64_t e = 0; e < d1; ++e) s += scale * qj[cols[e]] * (xs[e] - kmin[cols[e]]);
+      scores[j * s_stride + t] = s;
+    }
+    ++qr;
+  }
+}
+
+// Accumulation: per token the weights p_t * delta_t of the packed rows, the
+// bias sum p_t * min_t and the expander corrections; then code_accumulate
+// over all packed rows at once.
+void hex_block_accumulate(const HexBlockView& b, const float* p, std::int64_t nq, std::int64_t p_stride, float* out,
+                          std::int64_t out_stride) {
+  const std::int64_t d = b.head_dim, d1 = b.mask_degree, nqr = b.quant_rows();
+  if (b.bits == 0) {
+    half_accumulate(p, nq, p_stride, b.v_kept, b.tokens, d, d, out, out_stride);
+    return;
+  }
+  const Slots sl(b.bits, d);
+  Scratch& sc = scratch;
+  float* acc = Scratch::get(sc.acc, nq * d);  // [nq][slot]: sum_t p_t delta_t code_tc
+  float* base = Scratch::get(sc.base, nq);    // sum_t p_t min_t
+  float* a = Scratch::get(sc.a, nq * nqr);    // [nq][quantized row]: p_t delta_t
+  float* sparse = Scratch::get(sc.sparse, nqr * d1);
+  std::fill(acc, acc + nq * d, 0.0f);
+  std::fill(base, base + nq, 0.0f);
+  if (d1 > 0 && nqr > 0) halves_to_floats(b.v_sparse, nqr * d1, sparse);
+  std::int64_t kept = 0, qr = 0;
+  for (std::int64_t t = 0; t < b.tokens; ++t) {
+    if (kept < b.kept_rows && b.kept_index[kept] == t) {
+      half_accumulate(p + t, nq, p_stride, b.v_kept + kept * d, 1, d, d, out, out_stride);
+      ++kept;
+      continue;
+    }
+    const QuantParams vp = b.v_params[qr];
+    const float vmin = half_to_float(vp.min), vdelta = half_to_float(vp.delta);
+    const std::int32_t* cols = b.mask_indices + t * d1;
+    const float* xs = sparse + qr * d1;
+    for (std::int64_t j = 0; j < nq; ++j) {
+      const float w = p[j * p_stride + t];
+      base[j] += w * vmin;
+      a[j * nqr + qr] = w * vdelta;
+      float* oj = out + j * out_stride;
+      for (std::int64_t e = 0; e < d1; ++e) oj[cols[e]] += w * (xs[e] - vmin);
+    }
+    ++qr;
+  }
+  if (nqr > 0) code_accumulate(b.v_codes, nqr, b.row_bytes, b.bits, d, a, nq, nqr, acc, d);
+  for (std::int64_t j = 0; j < nq; ++j) {
+    float* oj = out + j * out_stride;
+    const float* aj = acc + j * d;
+    for (std::int64_t c = 0; c < d; ++c) oj[c] += base[j] + aj[sl.slot(c)];
+  }
+}
+
+void attend_fp16(const float* q, std::int64_t nq, std::int64_t q_stride, const half_bits* k, const half_bits* v,
+                 std::int64_t tokens, std::int64_t dim, std::int64_t token_stride, float scale, float* out,
+                 std::int64_t out_stride, float* probs) {
+  require(tokens >= 1 && dim >= 1 && nq >= 1, "attention needs at least one token, channel and query");
+  std::vector<float> local;
+  float* p = probs;
+  if (!p) {
+    local.resize(static_cast<std::size_t>(nq * tokens));
+    p = local.data();
+  }
+  half_scores(q, nq, q_stride, k, tokens, dim, token_stride, scale, p, tokens);
+  softmax_rows(p, nq, tokens, tokens);
+  for (std::int64_t j = 0; j < nq; ++j) std::fill(out + j * out_stride, out + j * out_stride + dim, 0.0f);
+  half_accumulate(p, nq, tokens, v, tokens, dim, token_stride, out, out_stride);
+}
+
+}  // namespace kvcal::runtime

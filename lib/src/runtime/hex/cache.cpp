@@ -1,0 +1,420 @@
+// The HEX layer cache (streaming logic: residual fp16 rows, heavy-hitter
+// scores, recent window, block compression as blocks fill) and the H2O
+// eviction baseline. Block compression and decode are in block.cpp, the
+// loops in kernels_cpu.cpp.
+#include <algorithm>
+#include <cmath>
+#include <exception>
+#include <limits>
+#include <numeric>
+#include <string>
+#include <vector>
+
+#include "kvcal/runtime/hex.h"
+#include "runtime/checks.h"
+#include "runtime/hex/block.h"
+#include "runtime/hex/kernels_cpu.h"
+
+namespace kvcal::runtime {
+
+using detail::fail;
+using detail::require;
+using namespace detail;  // NOLINT(google-build-using-namespace): the kernels and block helpers
+
+// ---------------------------------------------------------------- options
+
+HexOptions hex_method(const std::string& name, const HexOptions& base) {
+  HexOptions o = base;
+  if (name == "fp16") {
+    o.bits = 0;
+    o.expander = o.heavy_hitters = o.recent = false;
+    return o;
+  }
+  struct Row {
+    const char* prefix;
+    bool expander, hh;
+  };
+  for (const Row r :
+       {Row{"kcvt", false, false}, Row{"h2o", false, true}, Row{"expander", true, false}, Row{"hex", true, true}}) {
+    const std::string p = r.prefix;
+    if (name.size() == p.size() + 1 && name.compare(0, p.size(), p) == 0 && name.back() >= '2' && name.back() <= '4') {
+      o.bits = name.back() - '0';
+      o.expander = r.expander;
+      o.heavy_hitters = o.recent = r.hh;
+      return o;
+    }
+  }
+  fail("unknown method '" + name + "' (known: fp16, kcvt2|3|4, h2o2|3|4, expander2|3|4, hex2|3|4, h2o-evict)");
+}
+
+void check_options(const HexOptions& o) {
+  require(o.block >= 1 && o.block <= 65535, "block size must be in [1, 65535], got " + std::to_string(o.block));
+  require(o.bits == 0 || (o.bits >= 2 && o.bits <= 4), "bits must be 0, 2, 3 or 4, got " + std::to_string(o.bits));
+  require(std::isfinite(o.hh_ratio) && o.hh_ratio >= 0 && o.hh_ratio <= 1,
+          "heavy-hitter ratio must be in [0, 1], got " + std::to_string(o.hh_ratio));
+  require(o.recent_window >= 0, "recent window must be >= 0, got " + std::to_string(o.recent_window));
+  require(std::isfinite(o.sparsity) && o.sparsity > 0 && o.sparsity <= 1,
+          "expander sparsity must be in (0, 1], got " + std::to_string(o.sparsity));
+}
+
+// ---------------------------------------------------------------- layer cache
+
+struct HexLayerCache::Impl {
+  std::int64_t heads = 0, dim = 0;
+  HexOptions opt;
+  std::shared_ptr<const Mask> mask;
+  std::int64_t tokens = 0;      // appended so far
+  std::int64_t compressed = 0;  // tokens in blocks
+  std::vector<double> score;    // heavy-hitter scores by position
+  struct Head {
+    std::vector<HexBlock> blocks;
+    std::vector<half_bits> res_k, res_v;  // residual rows (and in full mode the source of every block before them)
+  };
+  std::vector<Head> head;
+
+  // Which tokens of the block starting at `start` stay in fp16.
+  std::vector<std::uint8_t> keep_rows(std::int64_t start) const {
+    const std::int64_t n = opt.block;
+    std::vector<std::uint8_t> keep(static_cast<std::size_t>(n), 0);
+    if (opt.recent)
+      for (std::int64_t t = std::max<std::int64_t>(0, tokens - opt.recent_window - start); t < n; ++t)
+        keep[static_cast<std::size_t>(t)] = 1;
+    if (opt.heavy_hitters && opt.hh_ratio > 0) {
+      const auto h = static_cast<std::int64_t>(std::ceil(opt.hh_ratio * static_cast<double>(n) - 1e-9));
+      std::vector<std::int64_t> order(static_cast<std::size_t>(n));
+      std::iota(order.begin(), order.end(), 0);
+      const auto s = [&](std::int64_t t) {
+        const auto p = static_cast<std::size_t>(start + t);
+        return p < score.size() ? score[p] : 0.0;
+      };
+      std::stable_sort(order.begin(), order.end(), [&](std::int64_t a, std::int64_t b) { return s(a) > s(b); });
+      for (std::int64_t i = 0; i < h && i < n; ++i) {
+        const std::int64_t t = order[static_cast<std::size_t>(i)];
+        if (s(t) > 0) keep[static_cast<std::size_t>(t)] = 1;
+      }
+    }
+    return keep;
+  }
+
+  HexBlock compress(const Head& hd, const std::vector<std::uint8_t>& keep, std::int64_t offset) const {
+    const half_bits* k = hd.res_k.data() + offset * dim;
+    const half_bits* v = hd.res_v.data() + offset * dim;
+    return compress_checked_block(k, v, opt.block, dim, dim, keep.data(), opt.expander ? mask : nullptr, opt.bits);
+  }
+
+  // Compresses the full blocks waiting in the residual buffers.
+  // Compresses the full blocks waiting in the residual buffers. Strong
+  // guarantee: the new blocks are built aside and committed with operations
+  // that cannot throw, so a failure (bad_alloc) leaves the cache as it was.
+  void flush() {
+    const std::int64_t n = opt.block;
+    const std::int64_t waiting = tokens - compressed;
+    const std::int64_t new_blocks = waiting / n;
+    if (new_blocks == 0) return;
+    const auto H = static_cast<std::size_t>(heads);
+    std::vector<std::vector<HexBlock>> built(H);
+    if (opt.mode == HexMode::append) {
+      for (std::int64_t b = 0; b < new_blocks; ++b) {
+        const auto keep = keep_rows(compressed + b * n);
+        for (std::size_t h = 0; h < H; ++h) built[h].push_back(compress(head[h], keep, b * n));
+      }
+      for (std::size_t h = 0; h < H; ++h) head[h].blocks.reserve(head[h].blocks.size() + built[h].size());
+      // Commit: nothing below throws.
+      for (std::size_t h = 0; h < H; ++h) {
+        Head& hd = head[h];
+        for (HexBlock& blk : built[h]) hd.blocks.push_back(std::move(blk));
+        hd.res_k.erase(hd.res_k.begin(), hd.res_k.begin() + new_blocks * n * dim);
+        hd.res_v.erase(hd.res_v.begin(), hd.res_v.begin() + new_blocks * n * dim);
+      }
+      compressed += new_blocks * n;
+      return;
+    }
+    // Full mode: every block again, from the fp16 source kept in res_k/res_v.
+    const std::int64_t blocks = (compressed + new_blocks * n) / n;
+    for (std::int64_t b = 0; b < blocks; ++b) {
+      const auto keep = keep_rows(b * n);
+      for (std::size_t h = 0; h < H; ++h) built[h].push_back(compress(head[h], keep, b * n));
+    }
+    for (std::size_t h = 0; h < H; ++h) head[h].blocks.swap(built[h]);
+    compressed += new_blocks * n;
+  }
+
+  // Offset of the residual (uncompressed) rows inside res_k/res_v.
+  std::int64_t residual_offset() const { return opt.mode == HexMode::full ? compressed : 0; }
+};
+
+HexLayerCache::HexLayerCache(std::int64_t kv_heads, std::int64_t head_dim, const HexOptions& options,
+                             std::shared_ptr<const Mask> mask)
+    : impl_(std::make_unique<Impl>()) {
+  check_options(options);
+  require(kv_heads >= 1 && head_dim >= 1, "a layer cache needs at least one KV head and one channel");
+  if (options.expander && options.bits != 0) {
+    require(mask != nullptr, "the expander method needs a mask");
+    require(mask->rows == options.block && mask->cols == head_dim,
+            "the mask's shape " + std::to_string(mask->rows) + "x" + std::to_string(mask->cols) +
+                " does not match block x head_dim = " + std::to_string(options.block) + "x" + std::to_string(head_dim));
+    check_mask(*mask);
+  }
+  impl_->heads = kv_heads;
+  impl_->dim = head_dim;
+  impl_->opt = options;
+  impl_->mask = std::move(mask);
+  impl_->head.resize(static_cast<std::size_t>(kv_heads));
+}
+HexLayerCache::~HexLayerCache() = default;
+HexLayerCache::HexLayerCache(HexLayerCache&&) noexcept = default;
+HexLayerCache& HexLayerCache::operator=(HexLayerCache&&) noexcept = default;
+
+void HexLayerCache::append(const half_bits* k, const half_bits* v, std::int64_t n, std::int64_t head_stride,
+                           std::int64_t token_stride) {
+  Impl& m = *impl_;
+  require(n >= 0, "negative token count");
+  require(n <= 1 || token_stride >= m.dim, "token stride smaller than head_dim");
+  for (std::int64_t h = 0; h < m.heads; ++h)
+    for (std::int64_t i = 0; i < n; ++i) {
+      const half_bits* kr = k + h * head_stride + i * token_stride;
+      const half_bits* vr = v + h * head_stride + i * token_stride;
+      if (!finite_halves(kr, m.dim) || !finite_halves(vr, m.dim))
+        fail("non-finite key or value (head " + std::to_string(h) + ", token " + std::to_string(m.tokens + i) + ")");
+    }
+  // Room first (may throw, changes nothing), then the rows (cannot throw).
+  for (auto& hd : m.head) {
+    hd.res_k.reserve(hd.res_k.size() + static_cast<std::size_t>(n * m.dim));
+    hd.res_v.reserve(hd.res_v.size() + static_cast<std::size_t>(n * m.dim));
+  }
+  const std::size_t before = m.head.front().res_k.size();
+  for (std::int64_t h = 0; h < m.heads; ++h) {
+    auto& hd = m.head[static_cast<std::size_t>(h)];
+    for (std::int64_t i = 0; i < n; ++i) {
+      const half_bits* kr = k + h * head_stride + i * token_stride;
+      const half_bits* vr = v + h * head_stride + i * token_stride;
+      hd.res_k.insert(hd.res_k.end(), kr, kr + m.dim);
+      hd.res_v.insert(hd.res_v.end(), vr, vr + m.dim);
+    }
+  }
+  m.tokens += n;
+  try {
+    m.flush();
+  } catch (...) {  // undo: the cache is as before the call
+    m.tokens -= n;
+    for (auto& hd : m.head) {
+      hd.res_k.resize(before);
+      hd.res_v.resize(before);
+    }
+    throw;
+  }
+}
+
+void HexLayerCache::observe(const float* attn, std::int64_t heads, std::int64_t tokens, std::int64_t head_stride) {
+  Impl& m = *impl_;
+  require(heads >= 0 && tokens >= 0, "negative attention shape");
+  // Checked before anything is added: a rejected call leaves the scores as they were.
+  for (std::int64_t h = 0; h < heads; ++h)
+    for (std::int64_t t = 0; t < tokens; ++t)
+      require(std::isfinite(attn[h * head_stride + t]), "non-finite attention weight");
+  if (static_cast<std::int64_t>(m.score.size()) < tokens) m.score.resize(static_cast<std::size_t>(tokens), 0.0);
+  for (std::int64_t h = 0; h < heads; ++h)
+    for (std::int64_t t = 0; t < tokens; ++t) m.score[static_cast<std::size_t>(t)] += attn[h * head_stride + t];
+}
+
+void HexLayerCache::attend(const float* q, std::int64_t q_heads, float scale, float* out, float* probs) const {
+  const Impl& m = *impl_;
+  require(q_heads >= m.heads && q_heads % m.heads == 0, "query heads must be a multiple of KV heads");
+  require(m.tokens >= 1, "attention over an empty cache");
+  const std::int64_t group = q_heads / m.heads, d = m.dim, S = m.tokens;
+  // Exceptions (bad_alloc) must not leave the OpenMP region: the first one is
+  // kept and rethrown after it.
+  std::exception_ptr failure;
+#pragma omp parallel for schedule(static) if (m.heads > 1 && S * d * group > (1 << 16))
+  for (std::int64_t h = 0; h < m.heads; ++h) {
+    try {
+      attend_head(m, h, q, group, scale, out, probs);
+    } catch (...) {
+#pragma omp critical(kvcal_hex_attend)
+      if (!failure) failure = std::current_exception();
+    }
+  }
+  if (failure) std::rethrow_exception(failure);
+}
+
+void HexLayerCache::attend_head(const Impl& m, std::int64_t h, const float* q, std::int64_t group, float scale,
+                                float* out, float* probs) {
+  const std::int64_t d = m.dim, S = m.tokens;
+  {
+    const Impl::Head& hd = m.head[static_cast<std::size_t>(h)];
+    const float* qh = q + h * group * d;
+    float* oh = out + h * group * d;
+    std::vector<float> local;
+    float* p;
+    if (probs) {
+      p = probs + h * group * S;
+    } else {
+      local.resize(static_cast<std::size_t>(group * S));
+      p = local.data();
+    }
+    std::int64_t pos = 0;
+    for (const HexBlock& b : hd.blocks) {
+      hex_block_scores(b.view(), qh, group, d, scale, p + pos, S);
+      pos += b.tokens;
+    }
+    const std::int64_t off = m.residual_offset();
+    half_scores(qh, group, d, hd.res_k.data() + off * d, S - pos, d, d, scale, p + pos, S);
+    softmax_rows(p, group, S, S);
+    for (std::int64_t j = 0; j < group; ++j) std::fill(oh + j * d, oh + (j + 1) * d, 0.0f);
+    pos = 0;
+    for (const HexBlock& b : hd.blocks) {
+      hex_block_accumulate(b.view(), p + pos, group, S, oh, d);
+      pos += b.tokens;
+    }
+    half_accumulate(p + pos, group, S, hd.res_v.data() + off * d, S - pos, d, d, oh, d);
+  }
+}
+
+std::int64_t HexLayerCache::tokens() const { return impl_->tokens; }
+std::int64_t HexLayerCache::compressed_tokens() const { return impl_->compressed; }
+std::int64_t HexLayerCache::bytes() const {
+  std::int64_t total = 0;
+  for (const auto& hd : impl_->head)
+    for (const HexBlock& b : hd.blocks) total += b.bytes();
+  total += (impl_->tokens - impl_->compressed) * impl_->dim * 2 * 2 * impl_->heads;
+  return total;
+}
+std::int64_t HexLayerCache::fp16_bytes() const { return impl_->tokens * impl_->dim * 2 * 2 * impl_->heads; }
+const HexOptions& HexLayerCache::options() const { return impl_->opt; }
+std::vector<HexBlockView> HexLayerCache::blocks(std::int64_t head) const {
+  require(head >= 0 && head < impl_->heads, "head index out of range");
+  std::vector<HexBlockView> out;
+  for (const HexBlock& b : impl_->head[static_cast<std::size_t>(head)].blocks) out.push_back(b.view());
+  return out;
+}
+
+// ---------------------------------------------------------------- H2O eviction
+
+struct H2OEvictCache::Impl {
+  std::int64_t heads = 0, q_heads = 0, dim = 0;
+  double budget = 0;
+  std::int64_t tokens = 0;
+  struct Head {
+    std::vector<half_bits> k, v;  // every token (the simulation keeps them; evicted ones are never read)
+    std::vector<std::uint8_t> kept;
+    std::vector<double> score;
+    std::int64_t kept_count = 0;
+  };
+  std::vector<Head> head;
+
+  std::int64_t limit() const {
+    return std::max<std::int64_t>(1, static_cast<std::int64_t>(std::ceil(budget * static_cast<double>(tokens) - 1e-9)));
+  }
+  void evict() {
+    const std::int64_t lim = limit();
+    const std::int64_t recent = (lim + 1) / 2;  // half the budget for the most recent tokens
+    for (Head& hd : head) {
+      if (hd.kept_count <= lim) continue;
+      // Candidates: kept tokens outside the recent window, lowest score first (older first on ties).
+      std::vector<std::int64_t> cand;
+      for (std::int64_t t = 0; t < tokens - recent; ++t)
+        if (hd.kept[static_cast<std::size_t>(t)]) cand.push_back(t);
+      const auto sc = [&](std::int64_t t) {
+        return static_cast<std::size_t>(t) < hd.score.size() ? hd.score[static_cast<std::size_t>(t)] : 0.0;
+      };
+      std::stable_sort(cand.begin(), cand.end(), [&](std::int64_t a, std::int64_t b) { return sc(a) < sc(b); });
+      for (std::size_t i = 0; i < cand.size() && hd.kept_count > lim; ++i) {
+        hd.kept[static_cast<std::size_t>(cand[i])] = 0;
+        --hd.kept_count;
+      }
+    }
+  }
+};
+
+H2OEvictCache::H2OEvictCache(std::int64_t kv_heads, std::int64_t q_heads, std::int64_t head_dim, double budget)
+    : impl_(std::make_unique<Impl>()) {
+  require(kv_heads >= 1 && head_dim >= 1 && q_heads >= kv_heads && q_heads % kv_heads == 0,
+          "bad H2O cache shape (query heads must be a multiple of KV heads)");
+  require(std::isfinite(budget) && budget > 0 && budget <= 1, "H2O budget must be in (0, 1]");
+  impl_->heads = kv_heads;
+  impl_->q_heads = q_heads;
+  impl_->dim = head_dim;
+  impl_->budget = budget;
+  impl_->head.resize(static_cast<std::size_t>(kv_heads));
+}
+H2OEvictCache::~H2OEvictCache() = default;
+H2OEvictCache::H2OEvictCache(H2OEvictCache&&) noexcept = default;
+H2OEvictCache& H2OEvictCache::operator=(H2OEvictCache&&) noexcept = default;
+
+void H2OEvictCache::append(const half_bits* k, const half_bits* v, std::int64_t n, std::int64_t head_stride,
+                           std::int64_t token_stride) {
+  Impl& m = *impl_;
+  require(n >= 0, "negative token count");
+  require(n <= 1 || token_stride >= m.dim, "token stride smaller than head_dim");
+  for (std::int64_t h = 0; h < m.heads; ++h)
+    for (std::int64_t i = 0; i < n; ++i)
+      require(finite_halves(k + h * head_stride + i * token_stride, m.dim) &&
+                  finite_halves(v + h * head_stride + i * token_stride, m.dim),
+              "non-finite key or value");
+  for (std::int64_t h = 0; h < m.heads; ++h) {
+    auto& hd = m.head[static_cast<std::size_t>(h)];
+    for (std::int64_t i = 0; i < n; ++i) {
+      const half_bits* kr = k + h * head_stride + i * token_stride;
+      const half_bits* vr = v + h * head_stride + i * token_stride;
+      hd.k.insert(hd.k.end(), kr, kr + m.dim);
+      hd.v.insert(hd.v.end(), vr, vr + m.dim);
+      hd.kept.push_back(1);
+    }
+    hd.kept_count += n;
+  }
+  m.tokens += n;
+  m.evict();
+}
+
+void H2OEvictCache::observe(const float* attn, std::int64_t tokens, std::int64_t head_stride) {
+  Impl& m = *impl_;
+  const std::int64_t group = m.q_heads / m.heads;
+  require(tokens >= 0, "negative attention shape");
+  for (std::int64_t j = 0; j < m.q_heads; ++j)
+    for (std::int64_t t = 0; t < tokens; ++t)
+      require(std::isfinite(attn[j * head_stride + t]), "non-finite attention weight");
+  for (std::int64_t j = 0; j < m.q_heads; ++j) {
+    auto& sc = m.head[static_cast<std::size_t>(j / group)].score;
+    if (static_cast<std::int64_t>(sc.size()) < tokens) sc.resize(static_cast<std::size_t>(tokens), 0.0);
+    for (std::int64_t t = 0; t < tokens; ++t) sc[static_cast<std::size_t>(t)] += attn[j * head_stride + t];
+  }
+}
+
+void H2OEvictCache::attend(const float* q, float scale, float* out, float* probs) const {
+  const Impl& m = *impl_;
+  require(m.tokens >= 1, "attention over an empty cache");
+  const std::int64_t group = m.q_heads / m.heads, d = m.dim, S = m.tokens;
+  if (probs) std::fill(probs, probs + m.q_heads * S, 0.0f);
+  for (std::int64_t h = 0; h < m.heads; ++h) {
+    const auto& hd = m.head[static_cast<std::size_t>(h)];
+    std::vector<half_bits> k, v;
+    std::vector<std::int64_t> pos;
+    for (std::int64_t t = 0; t < S; ++t)
+      if (hd.kept[static_cast<std::size_t>(t)]) {
+        k.insert(k.end(), hd.k.begin() + t * d, hd.k.begin() + (t + 1) * d);
+        v.insert(v.end(), hd.v.begin() + t * d, hd.v.begin() + (t + 1) * d);
+        pos.push_back(t);
+      }
+    const auto n = static_cast<std::int64_t>(pos.size());
+    std::vector<float> p(static_cast<std::size_t>(group * n));
+    attend_fp16(q + h * group * d, group, d, k.data(), v.data(), n, d, d, scale, out + h * group * d, d, p.data());
+    if (probs)
+      for (std::int64_t j = 0; j < group; ++j)
+        for (std::int64_t i = 0; i < n; ++i)
+          probs[(h * group + j) * S + pos[static_cast<std::size_t>(i)]] = p[static_cast<std::size_t>(j * n + i)];
+  }
+}
+
+std::int64_t H2OEvictCache::tokens() const { return impl_->tokens; }
+std::int64_t H2OEvictCache::kept(std::int64_t head) const {
+  require(head >= 0 && head < impl_->heads, "head index out of range");
+  return impl_->head[static_cast<std::size_t>(head)].kept_count;
+}
+std::int64_t H2OEvictCache::bytes() const {
+  std::int64_t n = 0;
+  for (const auto& hd : impl_->head) n += hd.kept_count;
+  return n * impl_->dim * 2 * 2;
+}
+std::int64_t H2OEvictCache::fp16_bytes() const { return impl_->tokens * impl_->dim * 2 * 2 * impl_->heads; }
+
+}  // namespace kvcal::runtime

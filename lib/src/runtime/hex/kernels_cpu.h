@@ -1,0 +1,77 @@
+// HEX CPU kernels: the dense and packed-code loops of decode, dispatched at
+// run time (Google Highway) to the best SIMD target of the host: on x86-64
+// SSE4, AVX2, AVX-512 and AVX-512 with VNNI/VBMI (AVX3_DL); on Arm NEON and
+// SVE; a portable emulation otherwise. The caching logic (cache.cpp) and the
+// block contract (block.cpp) call only these; a CUDA mirror (kernels.cu)
+// implements the same contracts over device pointers.
+//
+// Raw pointers and sizes only; nothing allocates, nothing throws.
+//
+// Packed rows (the layout shared with the GPU kernels, see block.cpp and
+// quant.h): a row of `dim` codes of `bits` bits is one little-endian bit
+// stream. The kernels work on "slots": for 4-bit rows of even width the slot
+// order is phase-major, [even channels | odd channels] (byte i holds slots i
+// and run + i, run = dim / 2); for 2-bit rows of a width divisible by 4, four
+// runs of run = dim / 4 (byte i holds slots i, run+i, 2run+i, 3run+i); other
+// rows (3 bits, odd widths) keep channel order. Weights and accumulators
+// passed to the code kernels are in slot order (Slots::slot maps a channel).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "kvcal/runtime/common.h"
+#include "kvcal/runtime/quant.h"
+
+namespace kvcal::runtime::detail {
+
+// Slot order of a packed row (see the file comment).
+struct Slots {
+  int bits;
+  std::int64_t dim, per, run;
+  Slots(int b, std::int64_t d) : bits(b), dim(d) {
+    const bool split = (b == 4 && d % 2 == 0) || (b == 2 && d % 4 == 0);
+    per = split ? 8 / b : 1;
+    run = d / per;
+  }
+  std::int64_t slot(std::int64_t c) const { return per == 1 ? c : (c % per) * run + c / per; }
+};
+
+// The name of the target the kernels run on now ("AVX3_DL", "AVX2", "SSE4",
+// "NEON", "SVE", "EMU128", ...).
+const char* kernel_target();
+
+// sum_i a[i] * b[i].
+float dot(const float* a, const float* b, std::int64_t n);
+// y[i] += w * x[i].
+void axpy(float w, const float* x, float* y, std::int64_t n);
+
+// Scores over fp16 rows: out[j * out_stride + t] = scale * q_j . k_t for
+// t < rows (k_t at k + t * k_stride, dim halves) and j < nq (q_j at q + j * q_stride).
+void half_scores(const float* q, std::int64_t nq, std::int64_t q_stride, const half_bits* k, std::int64_t rows,
+                 std::int64_t dim, std::int64_t k_stride, float scale, float* out, std::int64_t out_stride);
+// out_j += sum_t p[j * p_stride + t] * v_t over fp16 rows (out_j at out + j * out_stride).
+void half_accumulate(const float* p, std::int64_t nq, std::int64_t p_stride, const half_bits* v, std::int64_t rows,
+                     std::int64_t dim, std::int64_t v_stride, float* out, std::int64_t out_stride);
+
+// Scores over packed rows (row r at codes + r * row_bytes):
+//   out[j * out_stride + r] = sum_slot w[j * w_stride + slot] * code_r(slot)
+// for r < rows and j < nq. A GQA group shares one pass over the codes.
+void code_scores(const std::uint8_t* codes, std::int64_t rows, std::int64_t row_bytes, int bits, std::int64_t dim,
+                 const float* w, std::int64_t nq, std::int64_t w_stride, float* out, std::int64_t out_stride);
+// Value accumulation over packed rows:
+//   acc[j * acc_stride + slot] += sum_r a[j * a_stride + r] * code_r(slot).
+void code_accumulate(const std::uint8_t* codes, std::int64_t rows, std::int64_t row_bytes, int bits, std::int64_t dim,
+                     const float* a, std::int64_t nq, std::int64_t a_stride, float* acc, std::int64_t acc_stride);
+
+// The scalar reference of the two code kernels (the contract every target and
+// the CUDA kernels are tested against).
+void code_scores_reference(const std::uint8_t* codes, std::int64_t rows, std::int64_t row_bytes, int bits,
+                           std::int64_t dim, const float* w, std::int64_t nq, std::int64_t w_stride, float* out,
+                           std::int64_t out_stride);
+void code_accumulate_reference(const std::uint8_t* codes, std::int64_t rows, std::int64_t row_bytes, int bits,
+                               std::int64_t dim, const float* a, std::int64_t nq, std::int64_t a_stride, float* acc,
+                               std::int64_t acc_stride);
+
+}  // namespace kvcal::runtime::detail
