@@ -170,7 +170,12 @@ void bind_masks(nb::module_& m) {
       nb::arg("sparsity") = nb::none(), nb::arg("method") = "random", nb::arg("seed") = 1, nb::arg("count") = 1,
       nb::arg("tries") = 16, nb::arg("lps_p") = 0, nb::arg("lps_q") = 0, nb::arg("construction") = "",
       nb::arg("transpose") = false, nb::arg("lift_to") = 0, nb::arg("allow_non_ramanujan") = false,
-      nb::arg("exact_limit") = 8192, nb::arg("max_failure_probability") = 1e-9, nb::arg("threads") = 0);
+      nb::arg("exact_limit") = 8192, nb::arg("max_failure_probability") = 1e-9, nb::arg("threads") = 0,
+      "Certified expander masks, as `kvcal mask-gen` makes them (same options and seeds: byte-identical CSR).\n"
+      "Method 'random' or 'lift' takes rows, cols and one of row_degree / sparsity; method 'lps' takes lps_p,\n"
+      "lps_q and construction. transpose, lift_to (certified 2-lifts), count distinct masks, tries per mask.\n"
+      "Returns a list of MaskRecord; raises kvcal.Error when no candidate certifies (allow_non_ramanujan\n"
+      "keeps the best instead).");
 
   m.def(
       "certify",
@@ -184,7 +189,8 @@ void bind_masks(nb::module_& m) {
         return certify(mask, o);
       },
       nb::arg("rows"), nb::arg("cols"), nb::arg("indptr"), nb::arg("indices"), nb::kw_only(),
-      nb::arg("exact_limit") = 8192, nb::arg("max_failure_probability") = 1e-9, nb::arg("threads") = 0);
+      nb::arg("exact_limit") = 8192, nb::arg("max_failure_probability") = 1e-9, nb::arg("threads") = 0,
+      "The spectral certificate of a CSR mask (indptr int64 [rows+1], indices int32 [nnz], ascending per row).");
 
   m.def(
       "verify",
@@ -193,7 +199,8 @@ void bind_masks(nb::module_& m) {
         nb::gil_scoped_release release;
         return verify_record(record, o);
       },
-      nb::arg("record"), nb::kw_only(), nb::arg("exact_limit") = 8192, nb::arg("threads") = 0);
+      nb::arg("record"), nb::kw_only(), nb::arg("exact_limit") = 8192, nb::arg("threads") = 0,
+      "Re-derives every claim stored with a mask record from its CSR (what `kvcal mask-certify` checks).");
 
   m.def(
       "read_masks",
@@ -202,7 +209,7 @@ void bind_masks(nb::module_& m) {
         nb::gil_scoped_release release;
         return read_mask_file(path);
       },
-      nb::arg("path"));
+      nb::arg("path"), "Reads a kvcal.masks file (every record with its stored claims).");
 
   m.def(
       "write_masks",
@@ -220,7 +227,8 @@ void bind_masks(nb::module_& m) {
         nb::gil_scoped_release release;
         write_mask_file(path, masks, command_line);
       },
-      nb::arg("path"), nb::arg("masks"), nb::arg("command_line") = "kvcal (Python) write_masks");
+      nb::arg("path"), nb::arg("masks"), nb::arg("command_line") = "kvcal (Python) write_masks",
+      "Writes mask records to a kvcal.masks file atomically (temporary file, then rename).");
 }
 
 }  // namespace kvcal::py

@@ -121,7 +121,9 @@ void bind_profile(nb::module_& m) {
       nb::arg("tau_drift") = nb::none(), nb::arg("drift_window") = 8, nb::arg("topk") = 1024,
       nb::arg("topk_frac") = 0.0, nb::arg("pool") = 5, nb::arg("budget") = 0.5, nb::arg("gqa") = "mean",
       nb::arg("order") = "appendix", nb::arg("threads") = 0, nb::arg("out") = nb::none(),
-      nb::arg("command_line") = "kvcal (Python) profile_heads");
+      nb::arg("command_line") = "kvcal (Python) profile_heads",
+      "HeteroCache head roles and budgets from attention dumps, as `kvcal profile-heads` (same defaults).\n"
+      "Writes the kvcal.head_profile artifact to `out` when given.");
 
   m.def(
       "read_head_profile",
@@ -130,7 +132,7 @@ void bind_profile(nb::module_& m) {
         nb::gil_scoped_release release;
         return read_head_profile(path);
       },
-      nb::arg("path"));
+      nb::arg("path"), "Reads a kvcal.head_profile file.");
 
   nb::class_<EntropyCalibration>(m, "EntropyCalibration", "CHESS re-selection thresholds and the page statistics.")
       .def_ro("entropy_threshold", &EntropyCalibration::entropy_threshold)
@@ -195,7 +197,9 @@ void bind_profile(nb::module_& m) {
       nb::arg("dumps"), nb::kw_only(), nb::arg("page_size") = 32, nb::arg("percentile") = 99.0, nb::arg("rule") = "and",
       nb::arg("page_varentropy") = "mean", nb::arg("unit") = "nats", nb::arg("partial_pages") = "drop",
       nb::arg("bins") = 64, nb::arg("threads") = 0, nb::arg("out") = nb::none(),
-      nb::arg("command_line") = "kvcal (Python) calibrate_entropy");
+      nb::arg("command_line") = "kvcal (Python) calibrate_entropy",
+      "CHESS entropy/varentropy thresholds from dumps, as `kvcal calibrate-entropy` (same defaults).\n"
+      "Writes the kvcal.entropy_calibration artifact to `out` when given.");
 }
 
 }  // namespace kvcal::py
