@@ -1,13 +1,16 @@
 #!/usr/bin/env bash
 # Installs what kvcal builds and tests with, when missing: Debian packages,
-# and NumPy, h5py and matplotlib for the Python scripts.
+# NumPy, h5py and matplotlib for the Python scripts, and nanobind,
+# scikit-build-core and pytest for the Python package (python/). torch and
+# transformers (kvcal.hf and its tests) are never installed here: their
+# tests are skipped, with the reason, where they are missing.
 # Usage: scripts/setup.sh
 set -euo pipefail
 
 packages=(build-essential cmake ninja-build pkg-config
           libeigen3-dev libspectra-dev libboost-graph-dev libhdf5-dev hdf5-tools
           libcli11-dev libfmt-dev libgtest-dev libbenchmark-dev time bc
-          libasan8 libubsan1 libtsan2
+          libasan8 libubsan1 libtsan2 python3-dev python3-venv
           libhwy-dev
           # scripts/test_emulated.sh: the runtime under qemu, for x86-64 without
           # AVX and (cross-compiled) for aarch64
@@ -19,6 +22,10 @@ python=${PYTHON:-python3}
 if ! "$python" -c "import numpy, h5py, matplotlib" 2>/dev/null; then
   echo "setup: installing numpy h5py matplotlib for $python" >&2
   "$python" -m pip install -q --disable-pip-version-check numpy h5py matplotlib
+fi
+if ! "$python" -c "import nanobind, scikit_build_core, pytest" 2>/dev/null; then
+  echo "setup: installing nanobind scikit-build-core pytest for $python" >&2
+  "$python" -m pip install -q --disable-pip-version-check nanobind scikit-build-core pytest
 fi
 
 missing=()

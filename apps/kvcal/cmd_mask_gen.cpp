@@ -13,6 +13,7 @@
 #include "kvcal/core/log.h"
 #include "kvcal/graph/generate.h"
 #include "kvcal/graph/lps.h"
+#include "kvcal/io/mask_gen.h"
 #include "kvcal/io/masks.h"
 #include "kvcal/spectral/certify.h"
 
@@ -51,50 +52,6 @@ up to --tries times (2-lifts likewise); the file records the winning seeds.
 Same arguments and seed give byte-identical mask datasets. LPS masks need no
 seed: they are Ramanujan by theorem, and kvcal certifies them numerically too.)";
 
-using Clock = std::chrono::steady_clock;
-
-struct Attempt {
-  CsrMask mask;
-  Certificate certificate;
-  std::uint64_t seed = 0;
-};
-
-// Draws candidates from `make(seed)` with successive seeds until one is
-// certified Ramanujan (and passes `accept`), up to `tries`; returns it, or
-// the best uncertified one when allowed. Advances `seed` past what it used.
-Attempt certified_try(const std::string& what, std::int64_t tries, std::uint64_t& seed, bool allow_best,
-                      const CertifyOptions& copt, const std::function<CsrMask(std::uint64_t)>& make,
-                      const std::function<bool(const CsrMask&)>& accept, const std::string& advice) {
-  std::optional<Attempt> best;
-  for (std::int64_t t = 0; t < tries; ++t, ++seed) {
-    const auto t0 = Clock::now();
-    Attempt a;
-    a.seed = seed;
-    a.mask = make(seed);
-    if (!accept(a.mask)) {
-      log(LogLevel::info, "{}: seed {} repeats an earlier mask; next seed", what, seed);
-      continue;
-    }
-    a.certificate = certify(a.mask, copt);
-    const Certificate& c = a.certificate;
-    const double dt = std::chrono::duration<double>(Clock::now() - t0).count();
-    if (c.ramanujan) {
-      log(LogLevel::info, "{}: seed {}: sigma2 = {:.6f} <= tau = {:.6f} ({} certificate, margin {:.4g}) in {}", what,
-          seed, c.sigma2, c.ramanujan_bound, to_string(c.kind), c.margin, seconds(dt));
-      ++seed;
-      return a;
-    }
-    log(LogLevel::info, "{}: seed {}: not certified Ramanujan (sigma2 = {:.6f}, tau = {:.6f}) in {}{}", what, seed,
-        c.sigma2, c.ramanujan_bound, seconds(dt), t + 1 < tries ? "; next seed" : "");
-    if (!best || c.sigma2 < best->certificate.sigma2) best = std::move(a);
-  }
-  KVCAL_CHECK(allow_best && best, "{}: no certified Ramanujan candidate in {} tries (seeds {}..{}); {}", what, tries,
-              seed - static_cast<std::uint64_t>(tries), seed - 1, advice);
-  log(LogLevel::warn, "{}: keeping the best uncertified candidate (seed {}, sigma2 = {:.6f})", what, best->seed,
-      best->certificate.sigma2);
-  return std::move(*best);
-}
-
 int list_lps(std::int64_t max_rows) {
   KVCAL_CHECK(max_rows >= 1, "--max-rows {} must be positive", max_rows);
   const std::vector<LpsShape> shapes = list_lps_shapes(max_rows);
@@ -124,135 +81,35 @@ int run(const Options& o, std::optional<std::int64_t> row_degree, std::optional<
   require_usage(!o.out.empty(), "--out is required");
   check_mask_output_path(o.out);  // fail before a long generation, not after it
 
-  CertifyOptions copt;
-  copt.exact_limit = o.exact_limit;
-  copt.max_failure_probability = o.max_failure_probability;
-  copt.threads = o.threads;
-
-  // The base mask: a seeded generator, or the one deterministic LPS mask.
-  std::function<CsrMask(std::uint64_t)> make_base;
-  std::optional<Attempt> lps_base;
-  std::string base_advice, build_note;
-  MaskRecord proto;
-  proto.method = o.method;
-  proto.transposed = o.transpose;
   if (o.method == "lps") {
     require_usage(!shape_given,
                   "--method lps takes its shape from --lps-p and --lps-q; drop --rows, --cols, --sparsity and "
                   "--row-degree (see --list-lps for the shapes)");
     require_usage(o.lps_p != 0 && o.lps_q != 0, "--method lps needs --lps-p and --lps-q (see --list-lps)");
-    const auto t0 = Clock::now();
-    const LpsGraph graph = build_lps_graph(o.lps_p, o.lps_q);
-    const LpsConstruction construction =
-        o.construction.empty() ? default_lps_construction(graph) : parse_lps_construction(o.construction);
-    Attempt a;
-    a.mask = lps_mask(graph, construction);
-    if (o.transpose) a.mask = transpose(a.mask);
-    // Logged once the remaining arguments are checked, so an error stays one line.
-    build_note = fmt::format("X^{{{},{}}}: {} vertices, {}-regular, {}; {} mask {}x{} built in {}", o.lps_p, o.lps_q,
-                             graph.vertices(), graph.degree(), graph.bipartite ? "bipartite" : "non-bipartite",
-                             to_string(construction), a.mask.rows, a.mask.cols,
-                             seconds(std::chrono::duration<double>(Clock::now() - t0).count()));
-    lps_base = std::move(a);
-    proto.lps_p = o.lps_p;
-    proto.lps_q = o.lps_q;
-    proto.construction = to_string(construction);
   } else {
     require_usage(o.lps_p == 0 && o.lps_q == 0 && o.construction.empty(),
                   "--lps-p, --lps-q and --construction need --method lps");
-    const MaskMethod method = parse_mask_method(o.method);
-    const MaskShape shape = resolve_shape(o.rows, o.cols, row_degree, sparsity);
-    if (method == MaskMethod::lift) {
-      const std::string problem = lift_shape_problem(shape);
-      KVCAL_CHECK(problem.empty(), "mask {}x{} with row degree {}: {}", shape.rows, shape.cols, shape.row_degree,
-                  problem);
-    }
-    if (sparsity &&
-        std::abs(*sparsity * static_cast<double>(shape.cols) - static_cast<double>(shape.row_degree)) > 1e-9) {
-      log(LogLevel::warn, "sparsity {} gives {} channels per token; using row degree {} (sparsity {:.6g})", *sparsity,
-          *sparsity * static_cast<double>(shape.cols), shape.row_degree, shape.sparsity());
-    }
-    if (!shape.biregular()) {
-      log(LogLevel::warn,
-          "rows x row degree = {} is not a multiple of cols = {}: the mask is near-biregular (column degrees {} and "
-          "{}); its certificate uses the maximum degree {}",
-          shape.rows * shape.row_degree, shape.cols, shape.col_degree_min, shape.col_degree_max, shape.col_degree_max);
-    }
-    make_base = [method, shape, t = o.transpose](std::uint64_t s) {
-      CsrMask m = generate(method, shape, s);
-      return t ? transpose(m) : m;
-    };
-    base_advice = fmt::format("raise --tries, try --method {}, or pass --allow-non-ramanujan to keep the best",
-                              method == MaskMethod::lift ? "random" : "lift");
   }
 
-  // 2-lifts: each doubles rows and cols; --lift-to names the final rows.
-  const std::int64_t base_rows = lps_base ? lps_base->mask.rows : (o.transpose ? o.cols : o.rows);
-  std::int64_t lifts = 0;
-  if (o.lift_to > 0) {
-    std::int64_t r = base_rows;
-    while (r < o.lift_to && lifts < 31) r *= 2, ++lifts;
-    KVCAL_CHECK(r == o.lift_to && lifts >= 1,
-                "--lift-to {} is not {} times a power of two (2-lifts double the rows; reachable: {}, {}, {}, ...)",
-                o.lift_to, base_rows, base_rows * 2, base_rows * 4, base_rows * 8);
-  }
-  KVCAL_CHECK(!lps_base || lifts > 0 || o.count == 1,
-              "LPS masks are deterministic: there is one per (p, q, construction); --count {} needs --lift-to",
-              o.count);
-
-  if (lps_base) {  // certified once all arguments are known to be usable
-    log(LogLevel::info, "{}", build_note);
-    Attempt& a = *lps_base;
-    const std::string construction = proto.construction;
-    const auto t1 = Clock::now();
-    a.certificate = certify(a.mask, copt);
-    const Certificate& c = a.certificate;
-    log(LogLevel::info, "X^{{{},{}}} {} mask: sigma2 = {:.6f}, tau = {:.6f}, {} certificate (margin {:.4g}) in {}",
-        o.lps_p, o.lps_q, construction, c.sigma2, c.ramanujan_bound, to_string(c.kind), c.margin,
-        seconds(std::chrono::duration<double>(Clock::now() - t1).count()));
-    if (!c.ramanujan) {
-      log(LogLevel::warn,
-          "X^{{{},{}}}: the numerical certificate could not confirm the theorem ({}); raise "
-          "--max-failure-probability or --exact-limit",
-          o.lps_p, o.lps_q, to_string(c.kind));
-    }
-  }
-
-  std::vector<MaskRecord> accepted;
-  auto is_new = [&](const CsrMask& m) {
-    for (const auto& prev : accepted) {
-      if (prev.mask == m) return false;
-    }
-    return true;
-  };
-  auto always = [](const CsrMask&) { return true; };
-  std::uint64_t seed = o.seed;
-  for (std::int64_t m = 0; m < o.count; ++m) {
-    const std::string what = fmt::format("mask {}/{}", m + 1, o.count);
-    MaskRecord rec = proto;
-    rec.id = fmt::format("mask_{:04d}", m);
-    Attempt cur;
-    if (lps_base) {
-      cur = *lps_base;
-      rec.certificate_theorem = lifts == 0 ? "LPS" : "";
-    } else {
-      cur = certified_try(what, o.tries, seed, o.allow_non_ramanujan, copt, make_base,
-                          lifts == 0 ? std::function<bool(const CsrMask&)>(is_new) : always, base_advice);
-      rec.seed = cur.seed;
-    }
-    for (std::int64_t level = 1; level <= lifts; ++level) {
-      const CsrMask base = std::move(cur.mask);
-      cur = certified_try(
-          fmt::format("{}, 2-lift {}/{} to {}x{}", what, level, lifts, 2 * base.rows, 2 * base.cols), o.tries, seed,
-          o.allow_non_ramanujan, copt, [&base](std::uint64_t s) { return two_lift(base, s); },
-          level == lifts ? std::function<bool(const CsrMask&)>(is_new) : always,
-          "raise --tries or pass --allow-non-ramanujan to keep the best");
-      rec.lift_seeds.push_back(cur.seed);
-    }
-    rec.mask = std::move(cur.mask);
-    rec.certificate = cur.certificate;
-    accepted.push_back(std::move(rec));
-  }
+  MaskGenOptions gen;
+  gen.method = o.method;
+  gen.rows = o.method == "lps" ? 0 : o.rows;
+  gen.cols = o.method == "lps" ? 0 : o.cols;
+  gen.row_degree = row_degree;
+  gen.sparsity = sparsity;
+  gen.lps_p = o.lps_p;
+  gen.lps_q = o.lps_q;
+  gen.construction = o.construction;
+  gen.transpose = o.transpose;
+  gen.lift_to = o.lift_to;
+  gen.seed = o.seed;
+  gen.count = o.count;
+  gen.tries = o.tries;
+  gen.allow_non_ramanujan = o.allow_non_ramanujan;
+  gen.certify.exact_limit = o.exact_limit;
+  gen.certify.max_failure_probability = o.max_failure_probability;
+  gen.certify.threads = o.threads;
+  const std::vector<MaskRecord> accepted = generate_masks(gen);
 
   write_mask_file(o.out, accepted, g.command_line);
   for (const auto& r : accepted) {
