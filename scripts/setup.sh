@@ -1,13 +1,15 @@
 #!/usr/bin/env bash
-# Installs what kvcal builds and tests with, when missing: Debian packages,
-# and NumPy, h5py and matplotlib for the Python scripts.
+# Installs what kvcal builds and tests with, when missing: Debian packages
+# (Open MPI among them, for the MPI build and its tests), and NumPy, h5py and
+# matplotlib for the Python scripts.
 # Usage: scripts/setup.sh
 set -euo pipefail
 
 packages=(build-essential cmake ninja-build pkg-config
           libeigen3-dev libspectra-dev libboost-graph-dev libhdf5-dev hdf5-tools
           libcli11-dev libfmt-dev libgtest-dev libbenchmark-dev time bc
-          libasan8 libubsan1 libtsan2)
+          libasan8 libubsan1 libtsan2
+          libopenmpi-dev openmpi-bin)
 
 # Python packages for the scripts and their tests (NumPy, h5py, matplotlib),
 # installed for the interpreter the build uses (PYTHON, default python3).
