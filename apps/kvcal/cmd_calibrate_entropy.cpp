@@ -7,9 +7,9 @@
 
 #include "cli_common.h"
 #include "dist.h"
-#include "kvcal/core/sha256.h"
 #include "kvcal/core/error.h"
 #include "kvcal/core/log.h"
+#include "kvcal/core/sha256.h"
 #include "kvcal/io/entropy_calibration.h"
 #include "kvcal/io/masks.h"
 
@@ -78,8 +78,8 @@ EntropyCalibration calibrate_distributed(dist::Context& ctx, const std::vector<s
     for (std::size_t i = bounds[ctx.rank()]; i < bounds[ctx.rank() + 1]; ++i) {
       ctx.poll();
       const EntropySamplePages s = entropy_sample_pages(dumps[refs[i].file], refs[i].name, opt);
-      log(LogLevel::info, "{}: sample '{}': {} tokens from {}, {} pages ({:.1f} s)", dumps[refs[i].file],
-          refs[i].name, s.tokens, s.source, s.page_entropy.size(),
+      log(LogLevel::info, "{}: sample '{}': {} tokens from {}, {} pages ({:.1f} s)", dumps[refs[i].file], refs[i].name,
+          s.tokens, s.source, s.page_entropy.size(),
           std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
       out.put_vector(s.page_entropy);
       out.put_vector(s.page_varentropy);

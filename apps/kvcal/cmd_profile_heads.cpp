@@ -9,9 +9,9 @@
 
 #include "cli_common.h"
 #include "dist.h"
-#include "kvcal/core/sha256.h"
 #include "kvcal/core/error.h"
 #include "kvcal/core/log.h"
+#include "kvcal/core/sha256.h"
 #include "kvcal/io/head_profile.h"
 #include "kvcal/io/masks.h"
 
@@ -96,8 +96,9 @@ HeadProfile profile_distributed(dist::Context& ctx, const std::vector<std::strin
     std::vector<LayerOverlaps> all;
     all.reserve(plan.items.size());
     std::vector<std::string> sha(dumps.size());
-    if (ctx.size() > 1) log(LogLevel::debug, "{:>5} {:>6} {:>9} {:>8} {:>8} {:>9} {:>10} {:>7}", "rank", "items",
-                            "M scores", "wait rd", "decode", "overlaps", "hash wait", "wall");
+    if (ctx.size() > 1)
+      log(LogLevel::debug, "{:>5} {:>6} {:>9} {:>8} {:>8} {:>9} {:>10} {:>7}", "rank", "items", "M scores", "wait rd",
+          "decode", "overlaps", "hash wait", "wall");
     for (int r = 0; r < ctx.size(); ++r) {
       dist::Unpacker in(parts[r]);
       for (std::size_t i = bounds[r]; i < bounds[r + 1]; ++i) {

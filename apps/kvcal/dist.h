@@ -9,9 +9,9 @@
 // Faults: each phase of a command runs through Context::step on every rank.
 // A rank whose phase throws tells every other rank to stop (they poll between
 // work items), then all ranks agree at the end of the phase: rank 0 throws
-// one kvcal::Error "rank R: <the failing rank's message>" (the lowest failing
-// rank; with one rank the message is unchanged), every other rank throws
-// dist::Failed (exit 1, nothing printed). Only rank 0 writes, after every
+// one line "rank R: <the failing rank's message>" (the lowest failing rank,
+// through the error reporter), then every rank throws dist::Failed and exits
+// non-zero. With one rank the error propagates unchanged. Only rank 0 writes, after every
 // rank's work is in, so a rank killed mid-run (mpirun then ends the job)
 // never leaves a partial file: rank 0 removes a temporary file it is writing
 // when it is terminated (SIGTERM, SIGINT, SIGHUP).
@@ -37,15 +37,24 @@ bool launched();
 // "MPI (Open MPI 4.1.x)" or "no MPI", for --version.
 std::string describe();
 
-// Thrown on ranks other than 0 after a phase failed elsewhere or on them: the
-// job exits non-zero with rank 0's one error line.
+// Thrown on every rank once a phase failed and rank 0 has reported it: the
+// process exits with `status` and prints nothing more.
 struct Failed : std::exception {
-  const char* what() const noexcept override { return "failed on another rank"; }
+  explicit Failed(int s) : status(s) {}
+  const char* what() const noexcept override { return "failed (reported by rank 0)"; }
+  int status;
 };
+
+// How rank 0 reports a failure (one line on stderr; returns the exit status).
+// The CLI sets it to its usual error report. Rank 0 reports before any rank
+// exits: mpirun ends the job at the first non-zero exit, and a line not yet
+// written then would be lost.
+using ErrorReporter = std::function<int(std::exception_ptr)>;
+void set_error_reporter(ErrorReporter reporter);
 
 class Context {
  public:
-  Context();  // MPI_Init_thread when launched(), else one rank
+  Context();   // MPI_Init_thread when launched(), else one rank
   ~Context();  // MPI_Finalize
   Context(const Context&) = delete;
   Context& operator=(const Context&) = delete;
@@ -63,6 +72,8 @@ class Context {
   std::vector<std::string> gather(const std::string& mine);
 
  private:
+  // Rank 0 reports `root_error`, then every rank leaves together.
+  [[noreturn]] void fail_all(std::exception_ptr root_error);
   int rank_ = 0, size_ = 1;
   bool mpi_ = false;
   std::vector<bool> stop_from_;  // a stop message from rank r was received

@@ -36,12 +36,30 @@ extern "C" void remove_temp_and_die(int sig) {
   std::raise(sig);
 }
 
+ErrorReporter& reporter() {
+  static ErrorReporter r;
+  return r;
+}
+
 bool env_set(const char* name) {
   const char* v = std::getenv(name);
   return v != nullptr && v[0] != '\0';
 }
 
 }  // namespace
+
+void set_error_reporter(ErrorReporter r) { reporter() = std::move(r); }
+
+void Context::fail_all(std::exception_ptr root_error) {
+  int status = 1;
+  if (rank_ == 0) {
+    status = reporter() ? reporter()(root_error) : 1;
+    std::fflush(stdout);
+    std::fflush(stderr);
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
+  throw Failed(status);
+}
 
 bool launched() {
   // Open MPI's mpirun, PMIx launchers (srun --mpi=pmix, prun), PMI-1/2
@@ -150,17 +168,17 @@ void Context::step(const std::function<void()>& phase) {
       MPI_Get_count(&status, MPI_CHAR, &n);
       error.assign(static_cast<std::size_t>(n), '\0');
       MPI_Recv(error.data(), n, MPI_CHAR, first, kErrorTag, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
-      throw Error(prefix + error);
+      fail_all(std::make_exception_ptr(Error(prefix + error)));
     }
-    throw Failed();
+    fail_all(nullptr);
   }
-  if (rank_ != 0) throw Failed();
+  if (rank_ != 0) fail_all(nullptr);
   try {
     std::rethrow_exception(own);
   } catch (const UsageError& e) {
-    throw UsageError(prefix + e.what());
+    fail_all(std::make_exception_ptr(UsageError(prefix + e.what())));
   } catch (...) {
-    throw Error(prefix + error);
+    fail_all(std::make_exception_ptr(Error(prefix + error)));
   }
 }
 
@@ -172,9 +190,10 @@ std::vector<std::string> Context::gather(const std::string& mine) {
   long long total = 0;
   for (long long s : sizes) total += s;
   if (total > INT_MAX) {
-    if (rank_ != 0) throw Failed();
-    fail("the partial results of {} ranks add up to {} bytes, more than one MPI message holds (2 GiB)", size_,
-         total);
+    fail_all(std::make_exception_ptr(
+        Error(fmt::format("the partial results of {} ranks add up to {} bytes, more than one MPI message holds "
+                          "(2 GiB)",
+                          size_, total))));
   }
   std::vector<int> counts(sizes.begin(), sizes.end()), displs(static_cast<std::size_t>(size_), 0);
   for (int r = 1; r < size_; ++r) displs[r] = displs[r - 1] + counts[r - 1];

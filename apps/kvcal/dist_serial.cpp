@@ -6,6 +6,11 @@ namespace kvcal::cli::dist {
 
 bool launched() { return false; }
 std::string describe() { return "no MPI"; }
+void set_error_reporter(ErrorReporter) {}
+void Context::fail_all(std::exception_ptr e) {
+  if (e) std::rethrow_exception(e);
+  throw Failed(1);
+}
 
 Context::Context() = default;
 Context::~Context() = default;

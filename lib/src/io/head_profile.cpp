@@ -94,8 +94,8 @@ ProfilePlan plan_head_profile(const std::vector<std::string>& paths, const HeadP
 
 std::vector<LayerOverlaps> profile_items(const ProfilePlan& plan, std::size_t first, std::size_t last,
                                          ProfileTimes* times, const std::function<void()>& between_items) {
-  KVCAL_CHECK(first <= last && last <= plan.items.size(), "profile_items: range [{}, {}) outside {} items", first,
-              last, plan.items.size());
+  KVCAL_CHECK(first <= last && last <= plan.items.size(), "profile_items: range [{}, {}) outside {} items", first, last,
+              plan.items.size());
   const HeadProfileOptions& options = plan.header.options;
   // Reading (HDF5) and hashing run on threads of their own: by default the
   // compute uses the other cores, at least one (spinning OpenMP workers would

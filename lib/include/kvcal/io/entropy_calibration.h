@@ -51,8 +51,8 @@ EntropyCalibration calibrate_entropy(const std::vector<std::string>& dump_paths,
 // compute one sample's pages anywhere, finish over every sample in list order
 // (the serial order: pages are concatenated, then percentiles taken).
 struct EntropySampleRef {
-  std::size_t file = 0;  // index into the paths
-  std::string name;      // group under /samples
+  std::size_t file = 0;     // index into the paths
+  std::string name;         // group under /samples
   std::int64_t weight = 1;  // values to read: (N+T) x V logits, or N+T statistics (for splitting work)
 };
 struct EntropySamplePages {

@@ -53,11 +53,11 @@ HeadProfile profile_heads(const std::vector<std::string>& dump_paths, const Head
 // where it runs), reduce (one process, over every item in plan order: the
 // serial order of floating-point additions).
 struct ProfileWorkItem {
-  std::size_t dump = 0;          // index into the paths
-  std::size_t sample = 0;        // index into that dump's samples
-  std::int64_t sample_index = 0; // ordinal over all samples of all dumps
+  std::size_t dump = 0;           // index into the paths
+  std::size_t sample = 0;         // index into that dump's samples
+  std::int64_t sample_index = 0;  // ordinal over all samples of all dumps
   std::int64_t layer = 0;
-  std::int64_t weight = 0;       // score entries read: H * N + T * H * (N + T)
+  std::int64_t weight = 0;  // score entries read: H * N + T * H * (N + T)
 };
 struct ProfilePlan {
   HeadProfile header;  // model, shape, options (validated, tau_drift resolved); no scores yet
