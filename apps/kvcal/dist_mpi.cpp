@@ -129,7 +129,9 @@ void Context::step(const std::function<void()>& phase) {
   } catch (...) {
     own = std::current_exception();
     error = detail::describe_current_exception();
-    // Tell every other rank to stop at its next work item.
+    // Tell every other rank to stop at its next work item (`one` and the
+    // requests live until the MPI_Waitall below).
+    stops.reserve(static_cast<std::size_t>(size_));
     for (int r = 0; r < size_; ++r) {
       if (r == rank_) continue;
       stops.emplace_back();
