@@ -2,7 +2,7 @@
 """kvcal profile-heads and calibrate-entropy under mpirun (kvcal built with MPI).
 
 Every output dataset (and every root attribute but the provenance ones: command_line,
-created_utc) must be byte-identical to the single process (run without mpirun) for 1, 2 and 3
+created_utc) must be byte-identical to the single process (run without mpirun) for 1, 2, 3 and 4
 ranks, on two dumps with samples of uneven sizes and on more ranks than samples. Faults: a bad
 sample read by one rank, a rank that fails late (after the others finished), a rank that fails
 first while the others still work, and a rank killed mid-run: each ends with a non-zero exit,
@@ -105,7 +105,7 @@ class MpiRuns(unittest.TestCase):
         base = os.path.basename(out)
         return [f for f in os.listdir(os.path.dirname(out)) if f.startswith(base)]
 
-    def check_same(self, args, tag, ranks=(1, 2, 3)):
+    def check_same(self, args, tag, ranks=(1, 2, 3, 4)):
         ref = os.path.join(self.dir, f"{tag}_serial.h5")
         r = self.run_kvcal(0, args, ref)
         self.assertEqual(r.returncode, 0, r.stderr)
