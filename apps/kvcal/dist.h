@@ -70,6 +70,9 @@ class Context {
   void poll();
   // Rank i's `mine` at index i on rank 0, nothing elsewhere (collective).
   std::vector<std::string> gather(const std::string& mine);
+  // Rank 0's `bytes` on every rank (collective; other ranks' argument is
+  // ignored).
+  std::string broadcast(const std::string& bytes);
 
  private:
   // Rank 0 reports `root_error`, then every rank leaves together.

@@ -209,6 +209,19 @@ std::vector<std::string> Context::gather(const std::string& mine) {
   return out;
 }
 
+std::string Context::broadcast(const std::string& bytes) {
+  if (!mpi_) return bytes;
+  long long n = rank_ == 0 ? static_cast<long long>(bytes.size()) : 0;
+  MPI_Bcast(&n, 1, MPI_LONG_LONG, 0, MPI_COMM_WORLD);
+  if (n > INT_MAX) {
+    fail_all(std::make_exception_ptr(
+        Error(fmt::format("rank 0 has {} bytes to send to every rank, more than one MPI message holds (2 GiB)", n))));
+  }
+  std::string out = rank_ == 0 ? bytes : std::string(static_cast<std::size_t>(n), '\0');
+  MPI_Bcast(out.data(), static_cast<int>(n), MPI_CHAR, 0, MPI_COMM_WORLD);
+  return out;
+}
+
 std::vector<std::size_t> split_by_weight(const std::vector<std::int64_t>& weights, int parts) {
   return detail::split(weights, parts);
 }

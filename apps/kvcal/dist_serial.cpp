@@ -18,6 +18,7 @@ Context::~Context() = default;
 void Context::step(const std::function<void()>& phase) { phase(); }
 void Context::poll() {}
 std::vector<std::string> Context::gather(const std::string& mine) { return {mine}; }
+std::string Context::broadcast(const std::string& bytes) { return bytes; }
 
 std::vector<std::size_t> split_by_weight(const std::vector<std::int64_t>& weights, int parts) {
   return detail::split(weights, parts);

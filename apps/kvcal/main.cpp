@@ -179,7 +179,9 @@ int main(int argc, char** argv) {
     // in the process the launcher started: MPI must be initialised there, and
     // mpirun must see (and signal) the process that does the work. They still
     // leave no partial file: only rank 0 writes, after every read (see dist.h).
-    const bool distributed = sub->get_name() == "profile-heads" || sub->get_name() == "calibrate-entropy";
+    // eval-fidelity is not split yet: under more than one rank it refuses.
+    const bool distributed = sub->get_name() == "profile-heads" || sub->get_name() == "calibrate-entropy" ||
+                             sub->get_name() == "mask-gen" || sub->get_name() == "eval-fidelity";
     if (distributed && cli::dist::launched()) {
       cli::dist::set_error_reporter([which](std::exception_ptr e) {
         try {

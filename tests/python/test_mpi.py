@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""kvcal profile-heads and calibrate-entropy under mpirun (kvcal built with MPI).
+"""kvcal profile-heads, calibrate-entropy and mask-gen under mpirun (kvcal built with MPI).
 
 Every output dataset (and every root attribute but the provenance ones: command_line,
 created_utc) must be byte-identical to the single process (run without mpirun) for 1, 2, 3 and 4
@@ -7,6 +7,9 @@ ranks, on two dumps with samples of uneven sizes and on more ranks than samples.
 sample read by one rank, a rank that fails late (after the others finished), a rank that fails
 first while the others still work, and a rank killed mid-run: each ends with a non-zero exit,
 one kvcal error line naming the rank and the file, and no output or temporary file.
+mask-gen --count (repeated and uncertified seeds, the best uncertified kept, 2-lifts, more ranks
+than masks) writes the same datasets, attributes and summary as the single process for 1-4 ranks;
+its failures give one line. eval-fidelity, not split yet, refuses to run under more than one rank.
 
 Usage: python3 tests/python/test_mpi.py path/to/kvcal path/to/mpiexec [unittest options]
 Skips (with a message) without numpy/h5py or when the binary has no MPI. Running as root sets
@@ -68,6 +71,20 @@ def datasets(path):
         attrs = {k: (v.tobytes() if hasattr(v, "tobytes") else v) for k, v in f.attrs.items()
                  if k not in PROVENANCE}
     return out, attrs
+
+
+def object_attrs(path):
+    """Attributes of every group and dataset (the root's provenance ones left out)."""
+    out = {}
+    with h5py.File(path, "r") as f:
+        def take(name, obj):
+            for k, v in obj.attrs.items():
+                if name == "/" and k in PROVENANCE:
+                    continue
+                out[(name, k)] = v.tobytes() if hasattr(v, "tobytes") else v
+        take("/", f)
+        f.visititems(take)
+    return out
 
 
 class MpiRuns(unittest.TestCase):
@@ -181,6 +198,73 @@ class MpiRuns(unittest.TestCase):
         self.corrupt(self.a, bad, "sample_000", 0)
         self.check_fails(3, ["profile-heads", bad, self.b, "--topk", "8", "--budget", "0.95"],
                          os.path.join(self.dir, "first.h5"), 0, bad)
+
+    # mask-gen --count: the candidates of each mask split over the ranks; the winners (and the
+    # seeds skipped as repeats or uncertified) must be those of the single process.
+    MASK_CASES = {
+        # 24 possible masks: many seeds repeat an earlier mask
+        "repeats": "--rows 4 --cols 4 --row-degree 3 --count 20 --tries 60 --seed 3",
+        # uncertified seeds, and the best uncertified one kept when every try fails
+        "best": "--rows 6 --cols 6 --row-degree 2 --count 4 --tries 2 --seed 3 --allow-non-ramanujan",
+        # 2-lifts, some uncertified
+        "lifts": "--rows 96 --cols 128 --row-degree 4 --count 3 --lift-to 384 --tries 20 --seed 3",
+    }
+
+    def check_masks(self, args, tag, ranks):
+        ref = os.path.join(self.dir, f"{tag}_serial.h5")
+        r = self.run_kvcal(0, args, ref)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        want = (datasets(ref), object_attrs(ref), r.stdout)
+        for n in ranks:
+            out = os.path.join(self.dir, f"{tag}_{n}.h5")
+            r = self.run_kvcal(n, args, out)
+            self.assertEqual(r.returncode, 0, f"{n} ranks: {r.stderr}")
+            got = (datasets(out), object_attrs(out), r.stdout)
+            self.assertEqual(got[0], want[0], f"{tag}, {n} ranks: datasets differ")
+            self.assertEqual(got[1], want[1], f"{tag}, {n} ranks: attributes differ")
+            self.assertEqual(got[2], want[2], f"{tag}, {n} ranks: summary differs")
+
+    def test_mask_gen_identical(self):
+        for tag, args in self.MASK_CASES.items():
+            with self.subTest(tag):
+                self.check_masks(["mask-gen", *args.split()], f"masks_{tag}", ranks=(1, 2, 3))
+
+    def test_mask_gen_more_ranks_than_masks(self):
+        self.check_masks(["mask-gen", "--rows", "6", "--cols", "6", "--row-degree", "2", "--seed", "3"],
+                         "masks_one", ranks=(3, 4))
+
+    def check_one_error(self, ranks, args, out, text):
+        r = self.run_kvcal(ranks, args, out)
+        self.assertNotEqual(r.returncode, 0)
+        lines = [l for l in r.stderr.splitlines() if l.startswith("kvcal ")]
+        self.assertEqual(len(lines), 1, r.stderr)
+        self.assertIn(text, lines[0])
+        self.assertEqual(self.leftovers(out), [], r.stderr)
+        self.assertEqual(r.stdout, "")
+        return lines[0]
+
+    def test_mask_gen_fails(self):
+        # no certified candidate in 2 tries for mask 1: decided by rank 0 after a round
+        out = os.path.join(self.dir, "masks_fail.h5")
+        args = ["mask-gen", "--rows", "6", "--cols", "6", "--row-degree", "2", "--count", "4", "--tries", "2",
+                "--seed", "3"]
+        for n in (2, 3):
+            line = self.check_one_error(n, args, out, "error: rank 0: mask 1/4: no certified Ramanujan candidate "
+                                                      "in 2 tries (seeds 3..4)")
+        # an unusable output path, checked by rank 0 before any work
+        bad = os.path.join(self.dir, "no_such_dir", "m.h5")
+        r = self.run_kvcal(3, args[:-4], bad)
+        self.assertNotEqual(r.returncode, 0)
+        lines = [l for l in r.stderr.splitlines() if l.startswith("kvcal ")]
+        self.assertEqual(len(lines), 1, r.stderr)
+        self.assertIn("rank 0: ", lines[0])
+        self.assertIn(bad, lines[0])
+
+    def test_eval_fidelity_refuses(self):
+        # not split yet: refused under more than one rank, one line, nothing written
+        out = os.path.join(self.dir, "fidelity.csv")
+        self.check_one_error(2, ["eval-fidelity", "--dump", self.b], out,
+                             "kvcal eval-fidelity does not run under mpirun yet (2 ranks); start it without mpirun")
 
     def test_rank_killed(self):
         # rank 1 is stopped as soon as it exists, then killed while rank 0 waits for it:
