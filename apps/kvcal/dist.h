@@ -1,8 +1,8 @@
 // The CLI's MPI layer: the calibration commands (profile-heads,
-// calibrate-entropy) split their work items over the ranks of `mpirun` or
-// `srun`, gather the partial results at rank 0 in a fixed order, and rank 0
-// reduces them as the single process does, so the output's datasets are the
-// same bytes for every rank count. This is the only code that knows MPI; the
+// calibrate-entropy, and mask-gen's candidate seeds) split their work items
+// over the ranks of `mpirun` or `srun`, gather the partial results at rank 0
+// in a fixed order, and rank 0 reduces them as the single process does, so
+// the output's datasets are the same bytes for every rank count. This is the only code that knows MPI; the
 // build without MPI (dist_serial.cpp) is one rank, and so is a binary with MPI
 // started without a launcher. Commands have one code path either way.
 //
