@@ -87,7 +87,20 @@ def object_attrs(path):
     return out
 
 
-class MpiRuns(unittest.TestCase):
+class MpiBase(unittest.TestCase):
+    def run_kvcal(self, ranks, args, out):
+        cmd = [KVCAL, *args, "--out", out]
+        if ranks == 0:
+            return subprocess.run(cmd, env=SERIAL_ENV, capture_output=True, text=True, timeout=TIMEOUT)
+        return subprocess.run([MPIEXEC, "-n", str(ranks), *cmd], env=ENV, capture_output=True,
+                              text=True, timeout=TIMEOUT)
+
+    def leftovers(self, out):
+        base = os.path.basename(out)
+        return [f for f in os.listdir(os.path.dirname(out)) if f.startswith(base)]
+
+
+class MpiRuns(MpiBase):
     @classmethod
     def setUpClass(cls):
         cls.tmp = tempfile.TemporaryDirectory()
@@ -110,17 +123,6 @@ class MpiRuns(unittest.TestCase):
     @classmethod
     def tearDownClass(cls):
         cls.tmp.cleanup()
-
-    def run_kvcal(self, ranks, args, out):
-        cmd = [KVCAL, *args, "--out", out]
-        if ranks == 0:
-            return subprocess.run(cmd, env=SERIAL_ENV, capture_output=True, text=True, timeout=TIMEOUT)
-        return subprocess.run([MPIEXEC, "-n", str(ranks), *cmd], env=ENV, capture_output=True,
-                              text=True, timeout=TIMEOUT)
-
-    def leftovers(self, out):
-        base = os.path.basename(out)
-        return [f for f in os.listdir(os.path.dirname(out)) if f.startswith(base)]
 
     def check_same(self, args, tag, ranks=(1, 2, 3, 4)):
         ref = os.path.join(self.dir, f"{tag}_serial.h5")
@@ -199,6 +201,48 @@ class MpiRuns(unittest.TestCase):
         self.check_fails(3, ["profile-heads", bad, self.b, "--topk", "8", "--budget", "0.95"],
                          os.path.join(self.dir, "first.h5"), 0, bad)
 
+    def test_rank_killed(self):
+        # rank 1 is stopped as soon as it exists, then killed while rank 0 waits for it:
+        # mpirun ends the job, nothing is written
+        out = os.path.join(self.dir, "killed.h5")
+        p = subprocess.Popen([MPIEXEC, "-n", "2", KVCAL, "profile-heads", self.a, self.b, "--topk", "8",
+                              "--budget", "0.95", "--out", out], env=ENV, stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True)
+        victim, deadline = None, time.time() + 30
+        while victim is None and time.time() < deadline and p.poll() is None:
+            for pid in os.listdir("/proc"):
+                if not pid.isdigit():
+                    continue
+                try:
+                    with open(f"/proc/{pid}/environ", "rb") as f:
+                        env = f.read().split(b"\0")
+                    with open(f"/proc/{pid}/cmdline", "rb") as f:
+                        cmd = f.read().split(b"\0")
+                except OSError:
+                    continue
+                if (b"OMPI_COMM_WORLD_RANK=1" in env and cmd and cmd[0].endswith(b"kvcal")
+                        and out.encode() in cmd):
+                    victim = int(pid)
+                    os.kill(victim, signal.SIGSTOP)
+                    break
+        self.assertIsNotNone(victim, "rank 1 was not found")
+        time.sleep(1.0)  # rank 0 reaches a point where it waits for rank 1
+        os.kill(victim, signal.SIGKILL)
+        _, err = p.communicate(timeout=TIMEOUT)
+        self.assertNotEqual(p.returncode, 0, err)
+        self.assertEqual(self.leftovers(out), [], err)
+
+
+class MpiMasks(MpiBase):
+    @classmethod
+    def setUpClass(cls):
+        cls.tmp = tempfile.TemporaryDirectory()
+        cls.dir = cls.tmp.name
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.tmp.cleanup()
+
     # mask-gen --count: the candidates of each mask split over the ranks; the winners (and the
     # seeds skipped as repeats or uncertified) must be those of the single process.
     MASK_CASES = {
@@ -263,39 +307,8 @@ class MpiRuns(unittest.TestCase):
     def test_eval_fidelity_refuses(self):
         # not split yet: refused under more than one rank, one line, nothing written
         out = os.path.join(self.dir, "fidelity.csv")
-        self.check_one_error(2, ["eval-fidelity", "--dump", self.b], out,
+        self.check_one_error(2, ["eval-fidelity", "--dump", os.path.join(self.dir, "any.h5")], out,
                              "kvcal eval-fidelity does not run under mpirun yet (2 ranks); start it without mpirun")
-
-    def test_rank_killed(self):
-        # rank 1 is stopped as soon as it exists, then killed while rank 0 waits for it:
-        # mpirun ends the job, nothing is written
-        out = os.path.join(self.dir, "killed.h5")
-        p = subprocess.Popen([MPIEXEC, "-n", "2", KVCAL, "profile-heads", self.a, self.b, "--topk", "8",
-                              "--budget", "0.95", "--out", out], env=ENV, stdout=subprocess.PIPE,
-                             stderr=subprocess.PIPE, text=True)
-        victim, deadline = None, time.time() + 30
-        while victim is None and time.time() < deadline and p.poll() is None:
-            for pid in os.listdir("/proc"):
-                if not pid.isdigit():
-                    continue
-                try:
-                    with open(f"/proc/{pid}/environ", "rb") as f:
-                        env = f.read().split(b"\0")
-                    with open(f"/proc/{pid}/cmdline", "rb") as f:
-                        cmd = f.read().split(b"\0")
-                except OSError:
-                    continue
-                if (b"OMPI_COMM_WORLD_RANK=1" in env and cmd and cmd[0].endswith(b"kvcal")
-                        and out.encode() in cmd):
-                    victim = int(pid)
-                    os.kill(victim, signal.SIGSTOP)
-                    break
-        self.assertIsNotNone(victim, "rank 1 was not found")
-        time.sleep(1.0)  # rank 0 reaches a point where it waits for rank 1
-        os.kill(victim, signal.SIGKILL)
-        _, err = p.communicate(timeout=TIMEOUT)
-        self.assertNotEqual(p.returncode, 0, err)
-        self.assertEqual(self.leftovers(out), [], err)
 
 
 def main():
