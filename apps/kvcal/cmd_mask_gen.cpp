@@ -122,10 +122,20 @@ Attempt certified_try(dist::Context& ctx, const std::string& what, std::int64_t 
     dist::Packer mine;
     ctx.step([&] {
       if (ctx.rank() >= n) return;
-      const Candidate c = try_seed(seed + static_cast<std::uint64_t>(ctx.rank()), copt, make, accept);
-      put_attempt(mine, c.attempt);
-      mine.put<std::uint8_t>(c.repeat ? 1 : 0);
-      mine.put(c.seconds);
+      // A seed kvcal cannot build a mask from is that candidate's outcome:
+      // it fails the run only if the single process would have reached it.
+      try {
+        const Candidate c = try_seed(seed + static_cast<std::uint64_t>(ctx.rank()), copt, make, accept);
+        mine.put<std::uint8_t>(0);
+        put_attempt(mine, c.attempt);
+        mine.put<std::uint8_t>(c.repeat ? 1 : 0);
+        mine.put(c.seconds);
+      } catch (const Error& e) {
+        if (ctx.size() == 1) throw;
+        mine = dist::Packer();
+        mine.put<std::uint8_t>(1);
+        mine.put_string(e.what());
+      }
     });
     const std::vector<std::string> parts = ctx.gather(mine.bytes());
     dist::Packer decision;  // 0, seed, t: next round; 1, seed, attempt: done
@@ -133,6 +143,7 @@ Attempt certified_try(dist::Context& ctx, const std::string& what, std::int64_t 
       if (!ctx.root()) return;
       for (std::int64_t i = 0; i < n; ++i, ++t, ++seed) {
         dist::Unpacker in(parts[static_cast<std::size_t>(i)]);
+        if (in.get<std::uint8_t>() != 0) fail("{}", in.get_string());
         Attempt a = get_attempt(in);
         const bool repeat = in.get<std::uint8_t>() != 0;
         const double dt = in.get<double>();
