@@ -192,6 +192,94 @@ Attempt certified_try(dist::Context& ctx, const std::string& what, std::int64_t 
   }
 }
 
+// Every mask of a run without 2-lifts: the masks draw from one sequence of
+// seeds (mask m + 1 starts after mask m's winner), so the candidates a round
+// computes past a winner are the next mask's first ones and only the last
+// round's tail is wasted. Same decisions as certified_try once per mask (a
+// repeat of an accepted mask is skipped, the first certified one wins, after
+// `tries` the best uncertified one is kept when allowed), made by rank 0 over
+// each round's candidates in seed order; every rank learns the winners.
+std::vector<Attempt> certified_masks(dist::Context& ctx, std::int64_t count, std::int64_t tries, std::uint64_t seed,
+                                     bool allow_best, const CertifyOptions& copt,
+                                     const std::function<CsrMask(std::uint64_t)>& make, const std::string& advice) {
+  std::vector<Attempt> won;  // every rank
+  auto is_new = [&](const CsrMask& m) {
+    for (const auto& a : won) {
+      if (a.mask == m) return false;
+    }
+    return true;
+  };
+  std::int64_t t = 0;           // rank 0: tries of the current mask
+  std::optional<Attempt> best;  // rank 0: its best uncertified candidate
+  std::uint64_t next = seed;    // first seed of the round
+  while (static_cast<std::int64_t>(won.size()) < count) {
+    dist::Packer mine;
+    ctx.step([&] {
+      try {
+        const Candidate c = try_seed(next + static_cast<std::uint64_t>(ctx.rank()), copt, make, is_new);
+        mine.put<std::uint8_t>(0);
+        put_attempt(mine, c.attempt);
+        mine.put<std::uint8_t>(c.repeat ? 1 : 0);
+        mine.put(c.seconds);
+      } catch (const Error& e) {
+        if (ctx.size() == 1) throw;
+        mine = dist::Packer();
+        mine.put<std::uint8_t>(1);
+        mine.put_string(e.what());
+      }
+    });
+    const std::vector<std::string> parts = ctx.gather(mine.bytes());
+    dist::Packer decision;  // the round's winners
+    ctx.step([&] {
+      if (!ctx.root()) return;
+      const std::size_t before = won.size();
+      for (std::size_t i = 0; i < parts.size() && static_cast<std::int64_t>(won.size()) < count; ++i) {
+        const std::uint64_t s = next + i;
+        dist::Unpacker in(parts[i]);
+        if (in.get<std::uint8_t>() != 0) fail("{}", in.get_string());
+        Attempt a = get_attempt(in);
+        const bool repeat = in.get<std::uint8_t>() != 0;
+        const double dt = in.get<double>();
+        KVCAL_CHECK(in.done() && a.seed == s, "rank {} sent an unexpected candidate", i);
+        const std::string what = fmt::format("mask {}/{}", won.size() + 1, count);
+        const Certificate& c = a.certificate;
+        if (repeat || !is_new(a.mask)) {
+          log(LogLevel::info, "{}: seed {} repeats an earlier mask; next seed", what, s);
+        } else if (c.ramanujan) {
+          log(LogLevel::info, "{}: seed {}: sigma2 = {:.6f} <= tau = {:.6f} ({} certificate, margin {:.4g}) in {}",
+              what, s, c.sigma2, c.ramanujan_bound, to_string(c.kind), c.margin, seconds(dt));
+          won.push_back(std::move(a));
+          t = 0;
+          best.reset();
+          continue;
+        } else {
+          log(LogLevel::info, "{}: seed {}: not certified Ramanujan (sigma2 = {:.6f}, tau = {:.6f}) in {}{}", what, s,
+              c.sigma2, c.ramanujan_bound, seconds(dt), t + 1 < tries ? "; next seed" : "");
+          if (!best || c.sigma2 < best->certificate.sigma2) best = std::move(a);
+        }
+        if (++t < tries) continue;
+        KVCAL_CHECK(allow_best && best, "{}: no certified Ramanujan candidate in {} tries (seeds {}..{}); {}", what,
+                    tries, s + 1 - static_cast<std::uint64_t>(tries), s, advice);
+        log(LogLevel::warn, "{}: keeping the best uncertified candidate (seed {}, sigma2 = {:.6f})", what, best->seed,
+            best->certificate.sigma2);
+        won.push_back(std::move(*best));
+        t = 0;
+        best.reset();
+      }
+      decision.put<std::uint64_t>(won.size() - before);
+      for (std::size_t w = before; w < won.size(); ++w) put_attempt(decision, won[w]);
+    });
+    const std::string bytes = ctx.broadcast(decision.bytes());
+    if (!ctx.root()) {
+      dist::Unpacker in(bytes);
+      const auto n = in.get<std::uint64_t>();
+      for (std::uint64_t w = 0; w < n; ++w) won.push_back(get_attempt(in));
+    }
+    next += static_cast<std::uint64_t>(ctx.size());
+  }
+  return won;
+}
+
 int list_lps(std::int64_t max_rows) {
   KVCAL_CHECK(max_rows >= 1, "--max-rows {} must be positive", max_rows);
   const std::vector<LpsShape> shapes = list_lps_shapes(max_rows);
@@ -335,7 +423,19 @@ int run(const Options& o, std::optional<std::int64_t> row_degree, std::optional<
   };
   auto always = [](const CsrMask&) { return true; };
   std::uint64_t seed = o.seed;
-  for (std::int64_t m = 0; m < o.count; ++m) {
+  if (!lps_base && lifts == 0) {
+    std::vector<Attempt> won =
+        certified_masks(ctx, o.count, o.tries, seed, o.allow_non_ramanujan, copt, make_base, base_advice);
+    for (std::size_t m = 0; m < won.size(); ++m) {
+      MaskRecord rec = proto;
+      rec.id = fmt::format("mask_{:04d}", m);
+      rec.seed = won[m].seed;
+      rec.mask = std::move(won[m].mask);
+      rec.certificate = won[m].certificate;
+      accepted.push_back(std::move(rec));
+    }
+  }
+  for (std::int64_t m = static_cast<std::int64_t>(accepted.size()); m < o.count; ++m) {
     const std::string what = fmt::format("mask {}/{}", m + 1, o.count);
     MaskRecord rec = proto;
     rec.id = fmt::format("mask_{:04d}", m);
