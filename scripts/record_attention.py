@@ -46,6 +46,17 @@ kvcal's HDF5 1.10 reader can read them.
 
 Needs torch, transformers (plus accelerate and gguf to load GGUF files), h5py and numpy.
 The full N x N prefill attention is never stored.
+
+Sharding over processes (torchrun): with WORLD_SIZE > 1 in the environment (torchrun sets RANK,
+WORLD_SIZE, LOCAL_RANK and LOCAL_WORLD_SIZE), rank r records prompts r, r + W, r + 2W, ... and
+writes its own file, OUT with ".rankRRRRR" before the extension (or OUT with "{rank}" replaced).
+Sample names keep the prompt's global index (sample_007 is prompt 8 on whichever rank), so the
+shards read together (kvcal profile-heads a.rank00000.h5 a.rank00001.h5 ...) hold every prompt
+once. A rank left without prompts writes nothing. --device auto (default) puts each rank on GPU
+LOCAL_RANK when CUDA is available, else on the CPU with its share of the cores. No process group
+is created: the ranks never communicate.
+
+  torchrun --nproc-per-node 8 scripts/record_attention.py --model M --prompts p.txt --out d.h5
 """
 import argparse
 import datetime
@@ -103,7 +114,10 @@ def parse_args(argv):
     p.add_argument("--logits", action="store_true", help="store float16 logits [N+T, V]")
     p.add_argument("--qkv", action="store_true", help="store decode queries and all keys/values")
     p.add_argument("--out", required=True, help="output .h5 file")
-    p.add_argument("--threads", type=int, default=0, help="torch CPU threads (default: all cores)")
+    p.add_argument("--threads", type=int, default=0,
+                   help="torch CPU threads (default: the cores divided by the ranks on this node)")
+    p.add_argument("--device", default="auto",
+                   help="auto (GPU LOCAL_RANK when CUDA is available, else cpu), cpu, or a torch device")
     args = p.parse_args(argv)
     if bool(args.model) == bool(args.gguf_file):
         p.error("give exactly one of --model or --gguf-file")
@@ -298,13 +312,14 @@ def record_sample(model, ids, T, args, cfg, qrec):
     N = len(ids)
     S = N + T
     with torch.inference_mode():
-        out = model(input_ids=torch.tensor([ids], dtype=torch.long), use_cache=True,
+        dev = next(model.parameters()).device
+        out = model(input_ids=torch.tensor([ids], dtype=torch.long, device=dev), use_cache=True,
                     output_attentions=True)
         if out.attentions is None or len(out.attentions) != L:
             raise RecordError("model returned no attention weights (needs eager attention)")
-        prefill = torch.stack([a[0, :, -1, :] for a in out.attentions]).float().numpy()  # [L,Hq,N]
+        prefill = torch.stack([a[0, :, -1, :] for a in out.attentions]).float().cpu().numpy()  # [L,Hq,N]
         cache = out.past_key_values
-        logits = [out.logits[0].double().numpy()]  # [N, V]
+        logits = [out.logits[0].double().cpu().numpy()]  # [N, V]
         decode = np.zeros((T, L, Hq, S), dtype=np.float32)
         queries = np.zeros((T, L, Hq, Dh), dtype=np.float32) if args.qkv else None
         gen = []
@@ -314,16 +329,16 @@ def record_sample(model, ids, T, args, cfg, qrec):
             gen.append(next_tok)
             if qrec is not None:
                 qrec.enabled = True
-            out = model(input_ids=torch.tensor([[next_tok]], dtype=torch.long),
+            out = model(input_ids=torch.tensor([[next_tok]], dtype=torch.long, device=dev),
                         past_key_values=cache, use_cache=True, output_attentions=True)
             if qrec is not None:
                 qrec.enabled = False
-                queries[t] = qrec.take(L).float().numpy()
+                queries[t] = qrec.take(L).float().cpu().numpy()
             for layer, a in enumerate(out.attentions):
                 if a.shape[-1] != N + t + 1:
                     raise RecordError(f"decode step {t}: expected {N + t + 1} keys, got {a.shape[-1]}")
-                decode[t, layer, :, :N + t + 1] = a[0, :, -1, :].float().numpy()
-            logits.append(out.logits[0].double().numpy())
+                decode[t, layer, :, :N + t + 1] = a[0, :, -1, :].float().cpu().numpy()
+            logits.append(out.logits[0].double().cpu().numpy())
             cache = out.past_key_values
             next_tok = int(out.logits[0, -1].argmax())
             del out
@@ -336,8 +351,8 @@ def record_sample(model, ids, T, args, cfg, qrec):
         if args.logits:
             res["logits"] = logits
         if args.qkv:
-            keys = np.stack([cache_kv(cache, i)[0][0].float().numpy() for i in range(L)])
-            values = np.stack([cache_kv(cache, i)[1][0].float().numpy() for i in range(L)])
+            keys = np.stack([cache_kv(cache, i)[0][0].float().cpu().numpy() for i in range(L)])
+            values = np.stack([cache_kv(cache, i)[1][0].float().cpu().numpy() for i in range(L)])
             if keys.shape != (L, Hkv, S, Dh) or values.shape != (L, Hkv, S, Dh):
                 raise RecordError(f"KV cache has shape {keys.shape}, expected {(L, Hkv, S, Dh)}")
             res["queries"], res["keys"], res["values"] = queries, keys, values
@@ -481,19 +496,77 @@ def write_dump(out_path, root_attrs, samples):
         raise
 
 
+def env_int(env, name, default):
+    text = env.get(name, "")
+    if text == "":
+        return default
+    try:
+        return int(text)
+    except ValueError:
+        raise RecordError(f"environment variable {name}={text!r} is not an integer")
+
+
+def shard_from_env(env):
+    """(rank, world, local_rank, local_world) from torchrun's environment; (0, 1, 0, 1) without."""
+    world = env_int(env, "WORLD_SIZE", 1)
+    rank = env_int(env, "RANK", 0)
+    if world < 1 or not 0 <= rank < world:
+        raise RecordError(f"RANK={rank} WORLD_SIZE={world}: need 0 <= RANK < WORLD_SIZE")
+    local_world = env_int(env, "LOCAL_WORLD_SIZE", 1)
+    local_rank = env_int(env, "LOCAL_RANK", 0)
+    if local_world < 1 or not 0 <= local_rank < local_world:
+        raise RecordError(f"LOCAL_RANK={local_rank} LOCAL_WORLD_SIZE={local_world}: "
+                          f"need 0 <= LOCAL_RANK < LOCAL_WORLD_SIZE")
+    return rank, world, local_rank, local_world
+
+
+def shard_indices(num_prompts, rank, world):
+    """The prompts rank `rank` of `world` records: every world-th from rank (round robin)."""
+    return list(range(rank, num_prompts, world))
+
+
+def shard_path(out, rank, world):
+    """Rank r's output file: OUT itself for one rank, OUT with {rank} replaced, or
+    OUT with .rankRRRRR before the extension."""
+    if world == 1:
+        return out
+    if "{rank}" in out:
+        return out.replace("{rank}", f"{rank:05d}")
+    root, ext = os.path.splitext(out)
+    return f"{root}.rank{rank:05d}{ext}"
+
+
+def pick_device(spec, local_rank, torch):
+    if spec == "auto":
+        return f"cuda:{local_rank}" if torch.cuda.is_available() else "cpu"
+    try:
+        return str(torch.device(spec))
+    except (RuntimeError, TypeError) as e:
+        raise RecordError(f"--device {spec!r}: {one_line(e)}")
+
+
 def run(argv):
     args = parse_args(argv)
+    rank, world, local_rank, local_world = shard_from_env(os.environ)
     prompts = read_prompts(args.prompts)
     prompts_sha = sha256_file(args.prompts)
-    out_dir = os.path.dirname(os.path.abspath(args.out))
+    out_path = shard_path(args.out, rank, world)
+    out_dir = os.path.dirname(os.path.abspath(out_path))
     if not os.path.isdir(out_dir):
         raise RecordError(f"output directory does not exist: {out_dir}")
+    mine = shard_indices(len(prompts), rank, world)
+    if not mine:
+        print(f"rank {rank} of {world}: no prompt left for this rank ({len(prompts)} prompts); "
+              f"nothing written", file=sys.stderr)
+        return
     import_libs()
     import torch
     import transformers
 
-    torch.set_num_threads(args.threads or os.cpu_count() or 1)
+    torch.set_num_threads(args.threads or max(1, (os.cpu_count() or 1) // local_world))
     tok, model, gguf_path = load_model(args)
+    device = pick_device(args.device, local_rank, torch)
+    model.to(device)
     c = model.config
     L, Hq = int(c.num_hidden_layers), int(c.num_attention_heads)
     Hkv = int(getattr(c, "num_key_value_heads", None) or Hq)
@@ -503,7 +576,8 @@ def run(argv):
 
     T = args.max_new_tokens
     samples = []
-    for i, prompt in enumerate(prompts):
+    for i in mine:
+        prompt = prompts[i]
         name = f"sample_{i:03d}"
         ids, truncated = tokenize(tok, prompt, args.chat, args.max_prompt_tokens)
         if not ids:
@@ -530,14 +604,16 @@ def run(argv):
         "command_line": shlex.join([os.path.basename(sys.executable)] + sys.argv),
         "created_utc": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
         "prompts_sha256": prompts_sha,
+        "shard_rank": rank,
+        "shard_count": world,
         "torch_version": torch.__version__,
         "transformers_version": transformers.__version__,
     }
     if gguf_path is not None:
         root["model_file_sha256"] = sha256_file(gguf_path)
-    write_dump(args.out, root, samples)
-    print(f"wrote {args.out}: {len(samples)} samples, L={L} Hq={Hq} Hkv={Hkv} Dh={Dh} T={T}, "
-          f"{os.path.getsize(args.out)} bytes", file=sys.stderr)
+    write_dump(out_path, root, samples)
+    print(f"wrote {out_path}: {len(samples)} samples, L={L} Hq={Hq} Hkv={Hkv} Dh={Dh} T={T}, "
+          f"{os.path.getsize(out_path)} bytes", file=sys.stderr)
 
 
 def main(argv=None):

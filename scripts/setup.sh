@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Installs what kvcal builds and tests with, when missing: Debian packages,
+# Installs what kvcal builds and tests with, when missing: Debian packages
+# (Open MPI among them, for the MPI build and its tests),
 # NumPy, h5py and matplotlib for the Python scripts, and nanobind,
 # scikit-build-core and pytest for the Python package (python/). torch and
 # transformers (kvcal.hf and its tests) are never installed here: their
@@ -14,7 +15,11 @@ packages=(build-essential cmake ninja-build pkg-config
           libhwy-dev
           # scripts/test_emulated.sh: the runtime under qemu, for x86-64 without
           # AVX and (cross-compiled) for aarch64
-          qemu-user g++-aarch64-linux-gnu libhwy-dev:arm64 libgtest-dev:arm64)
+          qemu-user g++-aarch64-linux-gnu libhwy-dev:arm64 libgtest-dev:arm64
+          # the MPI build and its tests
+          libopenmpi-dev openmpi-bin
+          # compiler cache for scripts/build.sh
+          ccache)
 
 # Python packages for the scripts and their tests (NumPy, h5py, matplotlib),
 # installed for the interpreter the build uses (PYTHON, default python3).

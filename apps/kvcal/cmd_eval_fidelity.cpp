@@ -7,6 +7,7 @@
 #include <fmt/format.h>
 
 #include "cli_common.h"
+#include "dist.h"
 #include "kvcal/core/error.h"
 #include "kvcal/core/log.h"
 #include "kvcal/eval/fidelity.h"
@@ -76,6 +77,19 @@ std::vector<std::string> split(const std::string& list) {
 }
 
 int run(const Options& o, const Globals&) {
+  {
+    // Not split over MPI ranks yet (its per-layer tallies are merged in the
+    // order layers finish): under mpirun with more than one rank it refuses,
+    // one line from rank 0, rather than run whole on every rank.
+    dist::Context ctx;
+    if (ctx.size() > 1) {
+      ctx.step([&] {
+        KVCAL_CHECK(!ctx.root(),
+                    "kvcal eval-fidelity does not run under mpirun yet ({} ranks); start it without mpirun",
+                    ctx.size());
+      });
+    }
+  }
   require_usage(!o.dump.empty(), "--dump is required");
   if (!o.out.empty()) check_mask_output_path(o.out);
   KVCAL_CHECK(o.threads >= 0, "--threads {} must be 0 (all cores) or more", o.threads);

@@ -1,12 +1,17 @@
 // kvcal profile-heads: HeteroCache head roles and budgets from attention dumps.
+#include <algorithm>
 #include <array>
+#include <chrono>
+#include <future>
 #include <memory>
 
 #include <fmt/format.h>
 
 #include "cli_common.h"
+#include "dist.h"
 #include "kvcal/core/error.h"
 #include "kvcal/core/log.h"
+#include "kvcal/core/sha256.h"
 #include "kvcal/io/head_profile.h"
 #include "kvcal/io/masks.h"
 
@@ -35,9 +40,101 @@ satellite heads; the rest are anchor (stable) or volatile. Compressed heads
 (Eq. 7-8); budget_ratio is a fraction of the context length, and its mean over
 all heads equals --budget.)";
 
-int run(const Options& o, const Globals& g) {
-  require_usage(!o.out.empty(), "--out is required");
-  check_mask_output_path(o.out);
+// The work items (one layer of one sample each) split over the ranks by
+// weight; each rank also hashes the dumps it reads most of. Rank 0 gathers
+// every item's overlaps in plan order and reduces them as one process does.
+// Returns the profile on rank 0 (empty elsewhere).
+HeadProfile profile_distributed(dist::Context& ctx, const std::vector<std::string>& dumps,
+                                const HeadProfileOptions& opt) {
+  ProfilePlan plan;
+  ctx.step([&] { plan = plan_head_profile(dumps, opt); });
+  std::vector<std::int64_t> weights;
+  for (const auto& it : plan.items) weights.push_back(it.weight);
+  const std::vector<std::size_t> bounds = dist::split_by_weight(weights, ctx.size());
+  const std::size_t first = bounds[ctx.rank()], last = bounds[ctx.rank() + 1];
+  // Dump f is hashed by the rank that reads most of it (ties: the lowest).
+  std::vector<std::vector<std::int64_t>> share(dumps.size(), std::vector<std::int64_t>(ctx.size(), 0));
+  for (int r = 0; r < ctx.size(); ++r) {
+    for (std::size_t i = bounds[r]; i < bounds[r + 1]; ++i) share[plan.items[i].dump][r] += plan.items[i].weight;
+  }
+  std::vector<std::size_t> my_files;
+  for (std::size_t f = 0; f < dumps.size(); ++f) {
+    const auto best = std::max_element(share[f].begin(), share[f].end()) - share[f].begin();
+    if (best == ctx.rank()) my_files.push_back(f);
+  }
+
+  dist::Packer out;
+  ctx.step([&] {
+    using Clock = std::chrono::steady_clock;
+    const auto t0 = Clock::now();
+    std::future<std::vector<std::string>> hashes = std::async(std::launch::async, [&] {
+      std::vector<std::string> h;
+      for (std::size_t f : my_files) h.push_back(sha256_file(dumps[f]));
+      return h;
+    });
+    ProfileTimes tm;
+    const std::vector<LayerOverlaps> mine = profile_items(plan, first, last, &tm, [&] { ctx.poll(); });
+    const auto th = Clock::now();
+    const std::vector<std::string> h = hashes.get();
+    const double hash_wait = std::chrono::duration<double>(Clock::now() - th).count();
+    for (const LayerOverlaps& o : mine) {
+      out.put_vector(o.stability);
+      out.put_vector(o.similarity);
+      out.put_vector(o.pairwise);
+    }
+    out.put_vector(std::vector<std::uint64_t>(my_files.begin(), my_files.end()));
+    for (const auto& s : h) out.put_string(s);
+    out.put(tm);
+    out.put(hash_wait);
+    out.put(std::chrono::duration<double>(Clock::now() - t0).count());
+  });
+  const std::vector<std::string> parts = ctx.gather(out.bytes());
+
+  HeadProfile p;
+  ctx.step([&] {
+    if (!ctx.root()) return;
+    std::vector<LayerOverlaps> all;
+    all.reserve(plan.items.size());
+    std::vector<std::string> sha(dumps.size());
+    if (ctx.size() > 1)
+      log(LogLevel::debug, "{:>5} {:>6} {:>9} {:>8} {:>8} {:>9} {:>10} {:>7}", "rank", "items", "M scores", "wait rd",
+          "decode", "overlaps", "hash wait", "wall");
+    for (int r = 0; r < ctx.size(); ++r) {
+      dist::Unpacker in(parts[r]);
+      for (std::size_t i = bounds[r]; i < bounds[r + 1]; ++i) {
+        LayerOverlaps o;
+        o.stability = in.get_vector<float>();
+        o.similarity = in.get_vector<float>();
+        o.pairwise = in.get_vector<float>();
+        all.push_back(std::move(o));
+      }
+      for (std::uint64_t f : in.get_vector<std::uint64_t>()) {
+        KVCAL_CHECK(f < sha.size(), "rank {} sent a hash of dump {}", r, f);
+        sha[f] = in.get_string();
+      }
+      const auto tm = in.get<ProfileTimes>();
+      const auto hash_wait = in.get<double>();
+      const auto wall = in.get<double>();
+      KVCAL_CHECK(in.done(), "rank {} sent more than expected", r);
+      if (ctx.size() > 1) {
+        log(LogLevel::debug, "{:>5} {:>6} {:>9.1f} {:>8.2f} {:>8.2f} {:>9.2f} {:>10.2f} {:>7.2f}", r, tm.items,
+            static_cast<double>(tm.weight) * 1e-6, tm.wait_read, tm.decode, tm.overlaps, hash_wait, wall);
+      } else {
+        log(LogLevel::debug,
+            "time: waiting for reads {:.2f} s, decode/validate {:.2f} s, overlaps {:.2f} s, SHA-256 wait {:.2f} s",
+            tm.wait_read, tm.decode, tm.overlaps, hash_wait);
+      }
+    }
+    p = reduce_head_profile(plan, all, std::move(sha));
+    if (ctx.size() > 1) {
+      log(LogLevel::info, "gathered {} layer profiles of {} samples from {} ranks", all.size(), p.num_samples,
+          ctx.size());
+    }
+  });
+  return p;
+}
+
+HeadProfileOptions profile_options(const Options& o) {
   HeadProfileOptions opt;
   opt.overlap.pool_kernel = o.pool;
   opt.overlap.topk = o.topk;
@@ -54,10 +151,10 @@ int run(const Options& o, const Globals& g) {
               o.drift_window);
   KVCAL_CHECK(o.tau_drift < 0 || o.tau_drift <= 1, "--tau-drift {} must lie in [0, 1]", o.tau_drift);
   KVCAL_CHECK(o.threads >= 0, "--threads {} must be 0 (all cores) or more", o.threads);
+  return opt;
+}
 
-  const HeadProfile p = profile_heads(o.dumps, opt);
-  write_head_profile(o.out, p, g.command_line);
-
+void print_summary(const HeadProfile& p) {
   const std::int64_t L = p.layers, H = p.kv_heads;
   std::array<std::int64_t, 5> total{};
   fmt::print("{} ({} layers x {} KV heads, {} samples)\n", p.model.empty() ? "model" : p.model, L, H, p.num_samples);
@@ -82,7 +179,23 @@ int run(const Options& o, const Globals& g) {
   mean_budget /= static_cast<double>(L * H);
   fmt::print("{:>6} {:>7} {:>9} {:>7} {:>10} {:>11} {:>11} {:>12.3f}\n", "all", total[1], total[2], total[3], total[4],
              "", "", mean_budget);
-  log(LogLevel::info, "wrote the head profile to {}", o.out);
+}
+
+int run(const Options& o, const Globals& g) {
+  dist::Context ctx;
+  HeadProfileOptions opt;
+  ctx.step([&] {
+    require_usage(!o.out.empty(), "--out is required");
+    if (ctx.root()) check_mask_output_path(o.out);
+    opt = profile_options(o);
+  });
+  const HeadProfile p = profile_distributed(ctx, o.dumps, opt);
+  ctx.step([&] {
+    if (!ctx.root()) return;
+    write_head_profile(o.out, p, g.command_line);
+    print_summary(p);
+    log(LogLevel::info, "wrote the head profile to {}", o.out);
+  });
   return 0;
 }
 

@@ -14,6 +14,7 @@
 #include <fmt/format.h>
 
 #include "cli_common.h"
+#include "dist.h"
 #include "kvcal/core/error.h"
 #include "kvcal/core/log.h"
 #include "kvcal/core/version.h"
@@ -40,6 +41,8 @@ Run 'kvcal <command> --help' for a command's options.)";
 int report_exception(const std::string& which) {
   try {
     throw;
+  } catch (const kvcal::cli::dist::Failed& e) {
+    return e.status;  // rank 0 has reported the error
   } catch (const kvcal::cli::UsageError& e) {
     std::fprintf(stderr, "%s: %s (run '%s --help')\n", which.c_str(), e.what(), which.c_str());
     return 2;
@@ -123,8 +126,8 @@ int main(int argc, char** argv) {
 
   CLI::App app{"kvcal: certified expander masks and calibration artifacts for KV-cache compression", "kvcal"};
   app.footer(kFooter);
-  app.set_version_flag("--version",
-                       fmt::format("kvcal {} (CUDA: {})", kVersion, KVCAL_ENABLE_CUDA ? "enabled" : "disabled"));
+  app.set_version_flag("--version", fmt::format("kvcal {} (CUDA: {}; {})", kVersion,
+                                                KVCAL_ENABLE_CUDA ? "enabled" : "disabled", cli::dist::describe()));
   app.require_subcommand(1);
   // Global options (--config, -q, -v) are accepted after the subcommand too.
   app.fallthrough();
@@ -172,6 +175,23 @@ int main(int argc, char** argv) {
     });
     CLI::App* sub = app.get_subcommands().front();
     which = "kvcal " + sub->get_name();
+    // Under an MPI launcher the commands that split their work over ranks run
+    // in the process the launcher started: MPI must be initialised there, and
+    // mpirun must see (and signal) the process that does the work. They still
+    // leave no partial file: only rank 0 writes, after every read (see dist.h).
+    // eval-fidelity is not split yet: under more than one rank it refuses.
+    const bool distributed = sub->get_name() == "profile-heads" || sub->get_name() == "calibrate-entropy" ||
+                             sub->get_name() == "mask-gen" || sub->get_name() == "eval-fidelity";
+    if (distributed && cli::dist::launched()) {
+      cli::dist::set_error_reporter([which](std::exception_ptr e) {
+        try {
+          std::rethrow_exception(e);
+        } catch (...) {
+          return report_exception(which);
+        }
+      });
+      return runners.at(sub)(globals);
+    }
     return run_isolated(which, [&] { return runners.at(sub)(globals); });
   } catch (...) {
     return report_exception(which);

@@ -583,6 +583,13 @@ case_eval_fidelity() {
       for (m in cs) if (cs[m] > 1.000001 || cs[m] < -1) { print "cosine out of range"; bad = 1 }
       exit bad
     }' r.csv || fail "eval-fidelity orderings (above)"
+  # The CSV does not depend on the thread count (layers' tallies are merged in
+  # layer order, not in the order layers finish).
+  expect_exit 0 kvcal -q eval-fidelity --dump "$data/smollm2_long.h5" --methods kcvt3,h2o4,hex4 --threads 2 \
+    --out t2.csv
+  expect_exit 0 kvcal -q eval-fidelity --dump "$data/smollm2_long.h5" --methods kcvt3,h2o4,hex4 --threads 3 \
+    --out t3.csv
+  cmp -s t2.csv t3.csv || fail "eval-fidelity CSV differs between 2 and 3 threads: $(diff t2.csv t3.csv)"
   # Full mode runs, and a single method works without a mask.
   expect_exit 0 kvcal -q eval-fidelity --dump "$data/smollm2_long.h5" --methods kcvt4 --mode full
   expect_stdout_has "block 96, full mode"

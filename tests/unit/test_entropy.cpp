@@ -210,6 +210,34 @@ TEST_F(EntropyFiles, LogitsFloat32AndFloat16EndToEnd) {
   }
 }
 
+// The steps the MPI layer splits over ranks: samples listed, computed one by
+// one, finished in list order give calibrate_entropy's exact bytes.
+TEST_F(EntropyFiles, ListPagesFinishEqualsCalibrateEntropy) {
+  const std::string a = logits_dump(path("a.h5"), 300, true, 5), b = logits_dump(path("b.h5"), 77, false, 6);
+  EntropyOptions o;
+  o.page.page_size = 8;
+  o.percentile = 95;
+  const EntropyCalibration want = calibrate_entropy({a, b}, o);
+  const std::vector<EntropySampleRef> refs = list_entropy_samples({a, b}, o);
+  ASSERT_EQ(refs.size(), 2u);
+  EXPECT_EQ(refs[1].file, 1u);
+  EXPECT_EQ(refs[0].weight, 163 * 300);  // (N+T) x V logits
+  EXPECT_EQ(refs[1].weight, 163 * 77);
+  std::vector<EntropySamplePages> pages;
+  for (const auto& r : refs) pages.push_back(entropy_sample_pages(r.file == 0 ? a : b, r.name, o));
+  const EntropyCalibration got = finish_entropy_calibration(o, pages, want.input_sha256);
+  EXPECT_EQ(got.page_entropy, want.page_entropy);
+  EXPECT_EQ(got.page_varentropy, want.page_varentropy);
+  EXPECT_EQ(got.histogram, want.histogram);
+  EXPECT_EQ(got.entropy_edges, want.entropy_edges);
+  EXPECT_EQ(got.entropy_threshold, want.entropy_threshold);
+  EXPECT_EQ(got.varentropy_threshold, want.varentropy_threshold);
+  EXPECT_EQ(got.trigger_rate, want.trigger_rate);
+  EXPECT_EQ(got.num_tokens, 2 * 163);
+  EXPECT_EQ(got.sources, want.sources);
+  EXPECT_THROW(finish_entropy_calibration(o, {}, {}), Error);  // no page at all
+}
+
 TEST_F(EntropyFiles, BitsAreNatsOverLn2) {
   const std::string f = logits_dump(path("s.h5"), 257, false, 4);
   EntropyOptions nats, bits;

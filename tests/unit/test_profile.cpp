@@ -232,6 +232,46 @@ TEST_F(ProfileFiles, PlantedRolesFloat32AndFloat16) {
   }
 }
 
+// The three steps the MPI layer runs on several ranks: items profiled in any
+// split of ranges (here: every split point, and item by item) and reduced in
+// plan order give exactly profile_heads' bytes.
+TEST_F(ProfileFiles, PlanItemsReduceEqualsProfileHeadsForAnySplit) {
+  const std::string f1 = path("split1.h5"), f2 = path("split2.h5");
+  test::write_dump(f1, 2, 8, 4, {planted_sample("a"), planted_sample("b")}, true);
+  test::write_dump(f2, 2, 8, 4, {planted_sample("c")}, false);
+  const HeadProfile want = profile_heads({f1, f2}, planted_options());
+  const ProfilePlan plan = plan_head_profile({f1, f2}, planted_options());
+  ASSERT_EQ(plan.items.size(), 6u);  // 3 samples x 2 layers, sample-major
+  EXPECT_EQ(plan.items[2].dump, 0u);
+  EXPECT_EQ(plan.items[2].sample, 1u);
+  EXPECT_EQ(plan.items[5].dump, 1u);
+  EXPECT_EQ(plan.items[5].layer, 1);
+  const std::vector<std::string> sha = want.dump_sha256;
+  for (std::size_t cut = 0; cut <= plan.items.size(); ++cut) {
+    SCOPED_TRACE(cut);
+    std::vector<LayerOverlaps> all = profile_items(plan, 0, cut);
+    for (std::size_t i = cut; i < plan.items.size(); ++i) all.push_back(profile_items(plan, i, i + 1).front());
+    const HeadProfile got = reduce_head_profile(plan, all, sha);
+    EXPECT_EQ(got.stability, want.stability);
+    EXPECT_EQ(got.similarity, want.similarity);
+    EXPECT_EQ(got.pairwise, want.pairwise);
+    EXPECT_EQ(got.role, want.role);
+    EXPECT_EQ(got.pivot, want.pivot);
+    EXPECT_EQ(got.budget_ratio, want.budget_ratio);
+    EXPECT_EQ(got.num_samples, 3);
+  }
+  // A stop requested between items ends the range early.
+  int calls = 0;
+  EXPECT_THROW(profile_items(plan, 0, 6, nullptr,
+                             [&] {
+                               if (++calls == 3) throw std::runtime_error("stop");
+                             }),
+               std::runtime_error);
+  EXPECT_EQ(calls, 3);
+  EXPECT_THROW(reduce_head_profile(plan, {}, sha), Error);
+  EXPECT_THROW(profile_items(plan, 4, 7), Error);
+}
+
 TEST_F(ProfileFiles, AlreadyAggregatedHeadsAndGqaMax) {
   test::write_dump(path("kv.h5"), 2, 8, 4, {planted_sample("a", 4)});
   expect_planted_roles(profile_heads({path("kv.h5")}, planted_options()));

@@ -287,6 +287,10 @@ FidelityReport eval_fidelity(const std::string& dump_path, const FidelityOptions
         }
     }
     std::string error;
+    // Each layer's tallies, merged in layer order after the loop (not in the
+    // order layers finish), so the sums behind the means do not depend on
+    // thread timing.
+    std::vector<std::vector<Tally>> layer_tallies(static_cast<std::size_t>(L));
 #pragma omp parallel for schedule(dynamic, 1) num_threads(threads)
     for (std::int64_t l = 0; l < L; ++l) {
       try {
@@ -455,15 +459,17 @@ FidelityReport eval_fidelity(const std::string& dump_path, const FidelityOptions
           }
           tally.seconds = std::chrono::duration<double>(Clock::now() - m0).count();
         }
+        layer_tallies[static_cast<std::size_t>(l)] = std::move(local);
         std::lock_guard<std::mutex> lock(merge_mutex);
         ref_diff = std::max(ref_diff, diff);
-        for (std::size_t mi = 0; mi < specs.size(); ++mi) total[mi].merge(local[mi]);
       } catch (const std::exception& e) {
         std::lock_guard<std::mutex> lock(merge_mutex);
         if (error.empty()) error = e.what();
       }
     }
     KVCAL_CHECK(error.empty(), "{}", error);
+    for (const std::vector<Tally>& layer : layer_tallies)
+      for (std::size_t mi = 0; mi < specs.size(); ++mi) total[mi].merge(layer[mi]);
     for (std::size_t mi = 0; mi < specs.size(); ++mi)
       if (specs[mi].kind == Kind::chess)
         log(LogLevel::info, "sample '{}': {} selected {} time(s)", s.name, specs[mi].name, chess[mi].selections);

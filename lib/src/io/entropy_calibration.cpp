@@ -108,46 +108,87 @@ std::int64_t bin_of(double x, const std::vector<double>& e) {
 
 }  // namespace
 
-EntropyCalibration calibrate_entropy(const std::vector<std::string>& paths, const EntropyOptions& o) {
-  KVCAL_CHECK(!paths.empty(), "no attention dump given");
+namespace {
+
+void check_entropy_options(const EntropyOptions& o) {
   KVCAL_CHECK(o.page.page_size >= 1 && o.page.page_size <= (1 << 20), "--page-size {} must lie in [1, 2^20]",
               o.page.page_size);
   KVCAL_CHECK(o.percentile > 0 && o.percentile < 100, "--percentile {} must lie in (0, 100)", o.percentile);
   KVCAL_CHECK(o.bins >= 1 && o.bins <= 4096, "--bins {} must lie in [1, 4096]", o.bins);
+}
+
+}  // namespace
+
+std::vector<EntropySampleRef> list_entropy_samples(const std::vector<std::string>& paths, const EntropyOptions& o) {
+  KVCAL_CHECK(!paths.empty(), "no attention dump given");
+  check_entropy_options(o);
+  std::vector<EntropySampleRef> out;
+  for (std::size_t f = 0; f < paths.size(); ++f) {
+    std::int64_t version = 0;
+    H5Handle file = detail::open_artifact(paths[f], kAttentionDumpFormat, kAttentionDumpFormatVersion, &version);
+    H5Handle root = detail::open_group(file.get(), "samples", paths[f]);
+    const auto names = detail::list_links(root.get());
+    KVCAL_CHECK(!names.empty(), "{}: no samples under /samples", paths[f]);
+    for (const auto& name : names) {
+      // The weight is only a hint for splitting work; a malformed sample is
+      // reported, with its full context, when its pages are computed.
+      std::int64_t weight = 1;
+      try {
+        H5Handle g = detail::open_group(root.get(), name, paths[f]);
+        const char* ds = detail::has_link(g.get(), "logits")          ? "logits"
+                         : detail::has_link(g.get(), "token_entropy") ? "token_entropy"
+                                                                      : nullptr;
+        if (ds != nullptr) {
+          H5Handle d = detail::open_dataset(g.get(), ds, paths[f]);
+          for (std::int64_t n : detail::dataset_info(d.get()).dims) {
+            weight = std::min<std::int64_t>(weight * std::clamp<std::int64_t>(n, 1, std::int64_t{1} << 31),
+                                            std::int64_t{1} << 50);
+          }
+        }
+      } catch (const Error&) {
+      }
+      out.push_back({f, name, weight});
+    }
+  }
+  return out;
+}
+
+EntropySamplePages entropy_sample_pages(const std::string& path, const std::string& name, const EntropyOptions& o) {
+  const double scale_h = o.unit == EntropyUnit::bits ? 1.0 / std::log(2.0) : 1.0;
+  std::int64_t version = 0;
+  H5Handle file = detail::open_artifact(path, kAttentionDumpFormat, kAttentionDumpFormatVersion, &version);
+  H5Handle root = detail::open_group(file.get(), "samples", path);
+  const std::string ctx = fmt::format("{}: sample '{}'", path, name);
+  H5Handle g = detail::open_group(root.get(), name, path);
+  std::int64_t expected = 0;
+  if (detail::has_attr(g.get(), "prompt_len") && detail::has_link(g.get(), "decode")) {
+    H5Handle ds = detail::open_dataset(g.get(), "decode", ctx);
+    const auto info = detail::dataset_info(ds.get());
+    if (!info.dims.empty()) expected = detail::read_attr_int(g.get(), "prompt_len", ctx) + info.dims[0];
+  }
+  std::vector<double> h, v;
+  EntropySamplePages out;
+  sample_token_stats(g.get(), ctx, expected, o.threads, h, v, out.source);
+  for (auto& x : h) x *= scale_h;
+  for (auto& x : v) x *= scale_h * scale_h;
+  page_stats(h, v, o.page, out.page_entropy, out.page_varentropy);
+  out.tokens = static_cast<std::int64_t>(h.size());
+  return out;
+}
+
+EntropyCalibration finish_entropy_calibration(const EntropyOptions& o, const std::vector<EntropySamplePages>& samples,
+                                              std::vector<std::string> input_sha256) {
+  check_entropy_options(o);
   EntropyCalibration c;
   c.options = o;
-  const double scale_h = o.unit == EntropyUnit::bits ? 1.0 / std::log(2.0) : 1.0;
-  const auto t0 = std::chrono::steady_clock::now();
-  for (const auto& path : paths) {
-    std::int64_t version = 0;
-    H5Handle file = detail::open_artifact(path, kAttentionDumpFormat, kAttentionDumpFormatVersion, &version);
-    H5Handle root = detail::open_group(file.get(), "samples", path);
-    const auto names = detail::list_links(root.get());
-    KVCAL_CHECK(!names.empty(), "{}: no samples under /samples", path);
-    for (const auto& name : names) {
-      const std::string ctx = fmt::format("{}: sample '{}'", path, name);
-      H5Handle g = detail::open_group(root.get(), name, path);
-      std::int64_t expected = 0;
-      if (detail::has_attr(g.get(), "prompt_len") && detail::has_link(g.get(), "decode")) {
-        H5Handle ds = detail::open_dataset(g.get(), "decode", ctx);
-        const auto info = detail::dataset_info(ds.get());
-        if (!info.dims.empty()) expected = detail::read_attr_int(g.get(), "prompt_len", ctx) + info.dims[0];
-      }
-      std::vector<double> h, v;
-      std::string source;
-      sample_token_stats(g.get(), ctx, expected, o.threads, h, v, source);
-      for (auto& x : h) x *= scale_h;
-      for (auto& x : v) x *= scale_h * scale_h;
-      const std::size_t before = c.page_entropy.size();
-      page_stats(h, v, o.page, c.page_entropy, c.page_varentropy);
-      c.num_tokens += static_cast<std::int64_t>(h.size());
-      c.sources.push_back(source);
-      log(LogLevel::info, "{}: {} tokens from {}, {} pages ({:.1f} s)", ctx, h.size(), source,
-          c.page_entropy.size() - before, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
-    }
-    file.reset();
-    c.input_sha256.push_back(sha256_file(path));
+  for (const EntropySamplePages& s : samples) {
+    KVCAL_CHECK(s.page_entropy.size() == s.page_varentropy.size(), "finish_entropy_calibration: page counts differ");
+    c.page_entropy.insert(c.page_entropy.end(), s.page_entropy.begin(), s.page_entropy.end());
+    c.page_varentropy.insert(c.page_varentropy.end(), s.page_varentropy.begin(), s.page_varentropy.end());
+    c.num_tokens += s.tokens;
+    c.sources.push_back(s.source);
   }
+  c.input_sha256 = std::move(input_sha256);
   c.num_pages = static_cast<std::int64_t>(c.page_entropy.size());
   KVCAL_CHECK(c.num_pages > 0,
               "no complete page of {} tokens in {} tokens; lower --page-size or pass --partial-pages keep",
@@ -167,6 +208,21 @@ EntropyCalibration calibrate_entropy(const std::vector<std::string>& paths, cons
                 bin_of(c.page_varentropy[i], c.varentropy_edges)] += 1;
   }
   return c;
+}
+
+EntropyCalibration calibrate_entropy(const std::vector<std::string>& paths, const EntropyOptions& o) {
+  const std::vector<EntropySampleRef> refs = list_entropy_samples(paths, o);
+  const auto t0 = std::chrono::steady_clock::now();
+  std::vector<EntropySamplePages> pages;
+  for (const EntropySampleRef& r : refs) {
+    pages.push_back(entropy_sample_pages(paths[r.file], r.name, o));
+    log(LogLevel::info, "{}: sample '{}': {} tokens from {}, {} pages ({:.1f} s)", paths[r.file], r.name,
+        pages.back().tokens, pages.back().source, pages.back().page_entropy.size(),
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  }
+  std::vector<std::string> sha;
+  for (const auto& path : paths) sha.push_back(sha256_file(path));
+  return finish_entropy_calibration(o, pages, std::move(sha));
 }
 
 void write_entropy_calibration(const std::string& path, const EntropyCalibration& c, const std::string& command_line) {

@@ -39,7 +39,7 @@ void classify_and_budget(HeadProfile& p) {
   p.budget_ratio = allocate_budgets(roles, p.stability, p.options.budget);
 }
 
-HeadProfile profile_heads(const std::vector<std::string>& paths, const HeadProfileOptions& options) {
+ProfilePlan plan_head_profile(const std::vector<std::string>& paths, const HeadProfileOptions& options) {
   KVCAL_CHECK(!paths.empty(), "no attention dump given");
   const auto& ov = options.overlap;
   KVCAL_CHECK(ov.pool_kernel >= 1 && ov.pool_kernel <= 4096, "--pool {} must lie in [1, 4096]", ov.pool_kernel);
@@ -52,20 +52,15 @@ HeadProfile profile_heads(const std::vector<std::string>& paths, const HeadProfi
   KVCAL_CHECK(options.budget.budget > 0 && options.budget.budget <= 1, "--budget {} must lie in (0, 1]",
               options.budget.budget);
 
-  HeadProfile p;
+  ProfilePlan plan;
+  plan.paths = paths;
+  HeadProfile& p = plan.header;
   p.options = options;
-  // Reading (HDF5) and hashing run on threads of their own: by default the
-  // compute uses the other cores, at least one (spinning OpenMP workers would
-  // otherwise steal the reader's core).
-  OverlapOptions compute = ov;
-  if (compute.threads <= 0) compute.threads = std::max(1, omp_get_num_procs() - 1);
   if (p.options.tau_drift < 0) p.options.tau_drift = options.taxonomy.tau_stable;
-  std::vector<std::unique_ptr<AttentionDump>> dumps;
-  std::int64_t total_samples = 0;
   for (const auto& path : paths) {
-    dumps.push_back(std::make_unique<AttentionDump>(path));
-    const AttentionDump& d = *dumps.back();
-    if (dumps.size() == 1) {
+    plan.dumps.push_back(std::make_unique<AttentionDump>(path));
+    const AttentionDump& d = *plan.dumps.back();
+    if (plan.dumps.size() == 1) {
       p.model = d.model();
       p.layers = d.layers();
       p.q_heads = d.q_heads();
@@ -76,25 +71,12 @@ HeadProfile profile_heads(const std::vector<std::string>& paths, const HeadProfi
                   d.layers(), d.q_heads(), d.kv_heads(), paths.front(), p.layers, p.q_heads, p.kv_heads);
       if (d.model() != p.model) log(LogLevel::warn, "{}: model '{}' differs from '{}'", path, d.model(), p.model);
     }
-    total_samples += static_cast<std::int64_t>(d.samples().size());
   }
-  const std::int64_t L = p.layers, H = p.kv_heads;
-  p.stability.assign(static_cast<std::size_t>(L * H), 0.0f);
-  p.similarity.assign(static_cast<std::size_t>(L * H), 0.0f);
-  p.pairwise.assign(static_cast<std::size_t>(L * H * H), 0.0f);
-  std::vector<double> stab(p.stability.size(), 0.0), sim(p.similarity.size(), 0.0), pair(p.pairwise.size(), 0.0);
-
-  // Work items in order; the raw bytes of item i+1 are read (HDF5, one
-  // thread) while item i is decoded and profiled (OpenMP threads).
-  struct Item {
-    const AttentionDump* dump;
-    const DumpSample* sample;
-    std::int64_t layer;
-  };
-  std::vector<Item> items;
   bool whole_rows_warned = false;
-  for (const auto& d : dumps) {
-    for (const DumpSample& s : d->samples()) {
+  for (std::size_t f = 0; f < plan.dumps.size(); ++f) {
+    const auto& samples = plan.dumps[f]->samples();
+    for (std::size_t si = 0; si < samples.size(); ++si) {
+      const DumpSample& s = samples[si];
       if (ov.topk_frac == 0 && ov.topk >= s.prompt_len && !whole_rows_warned) {
         whole_rows_warned = true;
         log(LogLevel::warn,
@@ -102,64 +84,123 @@ HeadProfile profile_heads(const std::vector<std::string>& paths, const HeadProfi
             "--topk-frac (e.g. 0.1) or a smaller --topk",
             ov.topk, s.name, s.prompt_len);
       }
-      for (std::int64_t l = 0; l < L; ++l) items.push_back({d.get(), &s, l});
+      const std::int64_t weight = s.heads * s.prompt_len + s.steps * s.heads * (s.prompt_len + s.steps);
+      for (std::int64_t l = 0; l < p.layers; ++l) plan.items.push_back({f, si, p.num_samples, l, weight});
+      ++p.num_samples;
     }
   }
-  auto fetch = [&items](std::size_t i) {
-    return std::async(std::launch::async,
-                      [&items, i] { return items[i].dump->read_raw_layer(*items[i].sample, items[i].layer); });
+  return plan;
+}
+
+std::vector<LayerOverlaps> profile_items(const ProfilePlan& plan, std::size_t first, std::size_t last,
+                                         ProfileTimes* times, const std::function<void()>& between_items) {
+  KVCAL_CHECK(first <= last && last <= plan.items.size(), "profile_items: range [{}, {}) outside {} items", first, last,
+              plan.items.size());
+  const HeadProfileOptions& options = plan.header.options;
+  // Reading (HDF5) and hashing run on threads of their own: by default the
+  // compute uses the other cores, at least one (spinning OpenMP workers would
+  // otherwise steal the reader's core).
+  OverlapOptions compute = options.overlap;
+  if (compute.threads <= 0) compute.threads = std::max(1, omp_get_num_procs() - 1);
+  const std::int64_t L = plan.header.layers;
+
+  // The raw bytes of item i+1 are read (HDF5, one thread) while item i is
+  // decoded and profiled (OpenMP threads).
+  auto fetch = [&plan](std::size_t i) {
+    return std::async(std::launch::async, [&plan, i] {
+      const ProfileWorkItem& it = plan.items[i];
+      const AttentionDump& d = *plan.dumps[it.dump];
+      return d.read_raw_layer(d.samples()[it.sample], it.layer);
+    });
   };
+  std::vector<LayerOverlaps> out;
+  out.reserve(last - first);
+  using Clock = std::chrono::steady_clock;
+  const auto t0 = Clock::now();
+  ProfileTimes local;
+  ProfileTimes& tm = times ? *times : local;
+  std::future<AttentionDump::RawLayer> next;
+  if (first < last) next = fetch(first);
+  for (std::size_t i = first; i < last; ++i) {
+    if (between_items) between_items();
+    const auto ta = Clock::now();
+    const AttentionDump::RawLayer raw = next.get();
+    if (i + 1 < last) next = fetch(i + 1);
+    const ProfileWorkItem& it = plan.items[i];
+    const AttentionDump& d = *plan.dumps[it.dump];
+    const auto tb = Clock::now();
+    const LayerAttention layer = d.decode_layer(raw, options.gqa, 2e-2, compute.threads);
+    const auto tc = Clock::now();
+    out.push_back(layer_overlaps(layer, compute));
+    const auto td = Clock::now();
+    tm.wait_read += std::chrono::duration<double>(tb - ta).count();
+    tm.decode += std::chrono::duration<double>(tc - tb).count();
+    tm.overlaps += std::chrono::duration<double>(td - tc).count();
+    ++tm.items;
+    tm.weight += it.weight;
+    if (it.layer + 1 == L) {
+      const DumpSample& s = d.samples()[it.sample];
+      log(LogLevel::info, "profiled sample {}/{} ('{}', N = {}, T = {}) after {:.1f} s", it.sample_index + 1,
+          plan.header.num_samples, s.name, s.prompt_len, s.steps,
+          std::chrono::duration<double>(Clock::now() - t0).count());
+    }
+  }
+  tm.wall = std::chrono::duration<double>(Clock::now() - t0).count();
+  return out;
+}
+
+HeadProfile reduce_head_profile(const ProfilePlan& plan, const std::vector<LayerOverlaps>& per_item,
+                                std::vector<std::string> dump_sha256) {
+  KVCAL_CHECK(per_item.size() == plan.items.size(), "reduce_head_profile: {} results for {} items", per_item.size(),
+              plan.items.size());
+  HeadProfile p = plan.header;
+  const std::int64_t L = p.layers, H = p.kv_heads;
+  p.stability.assign(static_cast<std::size_t>(L * H), 0.0f);
+  p.similarity.assign(static_cast<std::size_t>(L * H), 0.0f);
+  p.pairwise.assign(static_cast<std::size_t>(L * H * H), 0.0f);
+  std::vector<double> stab(p.stability.size(), 0.0), sim(p.similarity.size(), 0.0), pair(p.pairwise.size(), 0.0);
+  // Sample-major order: each score is a sum over samples in file and sample order.
+  for (std::size_t i = 0; i < per_item.size(); ++i) {
+    const LayerOverlaps& o = per_item[i];
+    KVCAL_CHECK(static_cast<std::int64_t>(o.stability.size()) == H &&
+                    static_cast<std::int64_t>(o.similarity.size()) == H &&
+                    static_cast<std::int64_t>(o.pairwise.size()) == H * H,
+                "reduce_head_profile: item {} has the wrong size", i);
+    const std::int64_t l = plan.items[i].layer;
+    for (std::int64_t h = 0; h < H; ++h) {
+      stab[l * H + h] += o.stability[h];
+      sim[l * H + h] += o.similarity[h];
+    }
+    for (std::int64_t k = 0; k < H * H; ++k) pair[l * H * H + k] += o.pairwise[k];
+  }
+  const double inv = 1.0 / static_cast<double>(p.num_samples);
+  for (std::size_t i = 0; i < stab.size(); ++i) {
+    p.stability[i] = static_cast<float>(stab[i] * inv);
+    p.similarity[i] = static_cast<float>(sim[i] * inv);
+  }
+  for (std::size_t i = 0; i < pair.size(); ++i) p.pairwise[i] = static_cast<float>(pair[i] * inv);
+  classify_and_budget(p);
+  p.dump_sha256 = std::move(dump_sha256);
+  return p;
+}
+
+HeadProfile profile_heads(const std::vector<std::string>& paths, const HeadProfileOptions& options) {
+  const ProfilePlan plan = plan_head_profile(paths, options);
   // The inputs' SHA-256 (provenance) is computed beside the profiling.
   std::future<std::vector<std::string>> hashes = std::async(std::launch::async, [&paths] {
     std::vector<std::string> out;
     for (const auto& path : paths) out.push_back(sha256_file(path));
     return out;
   });
-  std::int64_t done = 0;
-  const auto t0 = std::chrono::steady_clock::now();
-  std::future<AttentionDump::RawLayer> next = fetch(0);
-  using Clock = std::chrono::steady_clock;
-  double wait_s = 0, decode_s = 0, overlap_s = 0;  // where the time goes (-v)
-  for (std::size_t i = 0; i < items.size(); ++i) {
-    const auto ta = Clock::now();
-    const AttentionDump::RawLayer raw = next.get();
-    if (i + 1 < items.size()) next = fetch(i + 1);
-    const Item& it = items[i];
-    const auto tb = Clock::now();
-    const LayerAttention layer = it.dump->decode_layer(raw, options.gqa, 2e-2, compute.threads);
-    const auto tc = Clock::now();
-    const LayerOverlaps o = layer_overlaps(layer, compute);
-    const auto td = Clock::now();
-    wait_s += std::chrono::duration<double>(tb - ta).count();
-    decode_s += std::chrono::duration<double>(tc - tb).count();
-    overlap_s += std::chrono::duration<double>(td - tc).count();
-    const std::int64_t l = it.layer;
-    for (std::int64_t h = 0; h < H; ++h) {
-      stab[l * H + h] += o.stability[h];
-      sim[l * H + h] += o.similarity[h];
-    }
-    for (std::int64_t k = 0; k < H * H; ++k) pair[l * H * H + k] += o.pairwise[k];
-    if (l + 1 == L) {
-      ++done;
-      log(LogLevel::info, "profiled sample {}/{} ('{}', N = {}, T = {}) after {:.1f} s", done, total_samples,
-          it.sample->name, it.sample->prompt_len, it.sample->steps,
-          std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
-    }
-  }
-  const double inv = 1.0 / static_cast<double>(total_samples);
-  for (std::size_t i = 0; i < stab.size(); ++i) {
-    p.stability[i] = static_cast<float>(stab[i] * inv);
-    p.similarity[i] = static_cast<float>(sim[i] * inv);
-  }
-  for (std::size_t i = 0; i < pair.size(); ++i) p.pairwise[i] = static_cast<float>(pair[i] * inv);
-  p.num_samples = total_samples;
-  classify_and_budget(p);
-  const auto th = Clock::now();
-  p.dump_sha256 = hashes.get();
+  ProfileTimes tm;
+  const std::vector<LayerOverlaps> per_item = profile_items(plan, 0, plan.items.size(), &tm);
+  const auto th = std::chrono::steady_clock::now();
+  std::vector<std::string> sha = hashes.get();
   log(LogLevel::debug,
-      "time: waiting for reads {:.2f} s, decode/validate {:.2f} s, overlaps {:.2f} s, SHA-256 wait {:.2f} s", wait_s,
-      decode_s, overlap_s, std::chrono::duration<double>(Clock::now() - th).count());
-  return p;
+      "time: waiting for reads {:.2f} s, decode/validate {:.2f} s, overlaps {:.2f} s, SHA-256 wait {:.2f} s",
+      tm.wait_read, tm.decode, tm.overlaps,
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - th).count());
+  return reduce_head_profile(plan, per_item, std::move(sha));
 }
 
 void write_head_profile(const std::string& path, const HeadProfile& p, const std::string& command_line) {

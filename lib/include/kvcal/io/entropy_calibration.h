@@ -46,6 +46,29 @@ struct EntropyCalibration {
 // 2-D histogram. Progress goes to the log.
 EntropyCalibration calibrate_entropy(const std::vector<std::string>& dump_paths, const EntropyOptions& options);
 
+// calibrate_entropy in three steps, so that samples can be split over
+// processes (the CLI's MPI layer) with the same bytes out: list the samples,
+// compute one sample's pages anywhere, finish over every sample in list order
+// (the serial order: pages are concatenated, then percentiles taken).
+struct EntropySampleRef {
+  std::size_t file = 0;     // index into the paths
+  std::string name;         // group under /samples
+  std::int64_t weight = 1;  // values to read: (N+T) x V logits, or N+T statistics (for splitting work)
+};
+struct EntropySamplePages {
+  std::vector<double> page_entropy, page_varentropy;  // in the calibration's unit
+  std::int64_t tokens = 0;
+  std::string source;  // "logits" or "token_stats"
+};
+// Opens every dump (format checked) and lists its samples, file by file.
+std::vector<EntropySampleRef> list_entropy_samples(const std::vector<std::string>& dump_paths,
+                                                   const EntropyOptions& options);
+EntropySamplePages entropy_sample_pages(const std::string& dump_path, const std::string& sample,
+                                        const EntropyOptions& options);
+EntropyCalibration finish_entropy_calibration(const EntropyOptions& options,
+                                              const std::vector<EntropySamplePages>& samples,
+                                              std::vector<std::string> input_sha256);
+
 // The pages that trigger under the thresholds and rule (strictly above).
 bool triggers(double page_entropy, double page_varentropy, double entropy_threshold, double varentropy_threshold,
               TriggerRule rule);

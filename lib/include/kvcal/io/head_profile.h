@@ -9,9 +9,12 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
+#include "kvcal/io/attention_dump.h"
 #include "kvcal/profile/heads.h"
 
 namespace kvcal {
@@ -42,6 +45,42 @@ struct HeadProfile {
 // Profiles every sample of every dump (all must agree on L, Hq, Hkv), one
 // layer of one sample in memory at a time; progress goes to the log.
 HeadProfile profile_heads(const std::vector<std::string>& dump_paths, const HeadProfileOptions& options);
+
+// profile_heads in three steps, so that its work items can run in several
+// processes (the CLI's MPI layer, apps/kvcal/dist.h) and still give the same
+// bytes: plan (every process, cheap: the dumps' metadata), profile a range of
+// items (anywhere, any thread count: an item's result does not depend on
+// where it runs), reduce (one process, over every item in plan order: the
+// serial order of floating-point additions).
+struct ProfileWorkItem {
+  std::size_t dump = 0;           // index into the paths
+  std::size_t sample = 0;         // index into that dump's samples
+  std::int64_t sample_index = 0;  // ordinal over all samples of all dumps
+  std::int64_t layer = 0;
+  std::int64_t weight = 0;  // score entries read: H * N + T * H * (N + T)
+};
+struct ProfilePlan {
+  HeadProfile header;  // model, shape, options (validated, tau_drift resolved); no scores yet
+  std::vector<std::string> paths;
+  std::vector<std::unique_ptr<AttentionDump>> dumps;
+  std::vector<ProfileWorkItem> items;  // sample-major, layers ascending: the serial order
+};
+// Where the time of profile_items went (seconds), for -v and the per-rank table.
+struct ProfileTimes {
+  double wait_read = 0, decode = 0, overlaps = 0, wall = 0;
+  std::int64_t items = 0, weight = 0;
+};
+ProfilePlan plan_head_profile(const std::vector<std::string>& dump_paths, const HeadProfileOptions& options);
+// Profiles plan.items[first, last) in order, reading item i+1 while item i is
+// computed. `between_items` (optional) runs before each item and may throw to
+// stop early. Returns one LayerOverlaps per item.
+std::vector<LayerOverlaps> profile_items(const ProfilePlan& plan, std::size_t first, std::size_t last,
+                                         ProfileTimes* times = nullptr,
+                                         const std::function<void()>& between_items = {});
+// Sums per_item (all plan items, in plan order) over samples exactly as
+// profile_heads does, averages, classifies and budgets.
+HeadProfile reduce_head_profile(const ProfilePlan& plan, const std::vector<LayerOverlaps>& per_item,
+                                std::vector<std::string> dump_sha256);
 
 // Roles and budgets from already averaged scores (used by profile_heads).
 void classify_and_budget(HeadProfile& profile);
