@@ -16,7 +16,7 @@ python=$(command -v "${PYTHON:-python3}")
 # A compiler cache where one is installed (scripts/setup.sh installs ccache):
 # rebuilds of unchanged sources, in any clone of the repository, are cache hits.
 if command -v ccache >/dev/null && [ -z "${CMAKE_CXX_COMPILER_LAUNCHER:-}" ]; then
-  export CCACHE_BASEDIR=$PWD CMAKE_C_COMPILER_LAUNCHER=ccache CMAKE_CXX_COMPILER_LAUNCHER=ccache \
+  export CCACHE_BASEDIR=$PWD CCACHE_NOHASHDIR=1 CMAKE_C_COMPILER_LAUNCHER=ccache CMAKE_CXX_COMPILER_LAUNCHER=ccache \
          CMAKE_CUDA_COMPILER_LAUNCHER=ccache
 fi
 cmake -S . -B "build/$kind" -G Ninja "${flags[@]}" -DPython3_EXECUTABLE="$python" >/dev/null
