@@ -3,7 +3,7 @@
 # `auditwheel repair`, which copies every shared library the extension and
 # libkvcal_runtime.so need that is not in the manylinux policy (libhdf5 and
 # its libsz/libaec/libcurl/... chain, libhwy, libfmt, libgomp) into
-# kvcal.libs/ inside the wheel, renamed with a hash and found by RUNPATH, and
+# kvcal.libs/ inside the wheel, renamed with a hash and found by RPATH, and
 # tags the wheel with the oldest manylinux policy its glibc/libstdc++ symbol
 # versions allow. The wheel then installs without a compiler or those
 # libraries on any machine with that glibc or newer.
