@@ -10,8 +10,8 @@ one kvcal error line naming the rank and the file, and no output or temporary fi
 mask-gen --count (repeated and uncertified seeds, the best uncertified kept, 2-lifts, more ranks
 than masks) writes the same datasets, attributes and summary as the single process for 1-4 ranks;
 its failures give one line. eval-fidelity writes the same CSV as the single process for 1-4 ranks
-on the recorded SmolLM2 dumps (one long sample; three samples; those four samples in one dump), with
-and without a bundle (hetero, CHESS re-selection), with items split by layer and by whole sample
+on the recorded SmolLM2 dumps (one long sample; three samples of uneven sizes), with and without
+a bundle (hetero, CHESS re-selection), with items split by layer and by whole sample
 (CHESS), and with more ranks than items; a NaN value in a layer one rank reads gives one error line
 naming that rank and the file, and no CSV.
 
@@ -323,7 +323,7 @@ class MpiFidelity(MpiBase):
         cls.dir = cls.tmp.name
         cls.made = {}
 
-    # Each test is its own ctest test (process): the bundle and the mixed dump are made when used.
+    # Each test is its own ctest test (process): the bundle is made when used.
     def bundle(self):
         # as in cli.eval_fidelity_bundle: the mask, a head profile for hetero, and the entropy
         # thresholds CHESS re-selects with
@@ -339,21 +339,6 @@ class MpiFidelity(MpiBase):
                 "ent.h5", "--out", "b.h5")
             self.made["bundle"] = os.path.join(self.dir, "b.h5")
         return self.made["bundle"]
-
-    def mixed(self):
-        # the four recorded samples of uneven sizes in one dump, the long one second
-        if "mixed" not in self.made:
-            path = os.path.join(self.dir, "mixed.h5")
-            with h5py.File(self.SHORT, "r") as short, h5py.File(self.LONG, "r") as long_, \
-                    h5py.File(path, "w") as out:
-                for k, v in short.attrs.items():
-                    out.attrs[k] = v
-                g = out.create_group("samples")
-                for i, (src, name) in enumerate([(short, "sample_000"), (long_, "sample_000"),
-                                                 (short, "sample_001"), (short, "sample_002")]):
-                    src.copy(src["samples"][name], g, name=f"sample_{i:03d}")
-            self.made["mixed"] = path
-        return self.made["mixed"]
 
     @classmethod
     def tearDownClass(cls):
@@ -385,20 +370,17 @@ class MpiFidelity(MpiBase):
 
     def test_eval_fidelity_identical(self):
         # 30 layer items of one sample
-        self.check_csv(self.LONG, self.LAYERS, "long", ranks=(1, 2, 3))
+        self.check_csv(self.LONG, "kcvt3,hex4,h2o-evict,hetero", "long", ranks=(1, 2, 3))
         # 3 x 30 layer items of uneven samples; ranks split inside samples
-        self.check_csv(self.SHORT, self.LAYERS, "short", ranks=(2, 4))
+        self.check_csv(self.SHORT, self.LAYERS, "short", ranks=(4,))
 
     def test_eval_fidelity_whole_samples_identical(self):
         # CHESS: whole-sample items, re-selected on the bundle's entropy thresholds
-        self.check_csv(self.mixed(), self.CHESS, "mixed_chess", ranks=(2, 3))
-        # without a bundle: CHESS selects once, no hetero
-        self.check_csv(self.SHORT, "kcvt4,chess-moderate", "short_chess", ranks=(2,), bundle=False)
+        self.check_csv(self.SHORT, self.CHESS, "short_chess", ranks=(2, 3))
 
     def test_eval_fidelity_more_ranks_than_items(self):
-        # one whole-sample item for 3 ranks; 3 samples for 4 ranks
-        self.check_csv(self.LONG, "hex4,chess-moderate", "long_chess", ranks=(3,), bundle=False)
-        self.check_csv(self.SHORT, self.CHESS, "short_chess4", ranks=(4,))
+        # 3 whole-sample items for 4 ranks (without a bundle: CHESS selects once after the prompt)
+        self.check_csv(self.SHORT, "kcvt4,chess-moderate", "short_chess_nb", ranks=(4,), bundle=False)
 
     def plant_nan(self, dst, sample, layer):
         with open(self.SHORT, "rb") as f, open(dst, "wb") as g:
