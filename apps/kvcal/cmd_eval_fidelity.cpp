@@ -64,7 +64,9 @@ generated and certified on the fly. CHESS adds the fraction of pages attended
 (selected %) and the full attention's mass on them; hetero adds the retrieval
 trigger rate per pivot step. --out writes the CSV columns
 method,kv_size_pct,rel_err_mean,rel_err_p99,cos_mean,selected_pct,attn_mass,trigger_rate
-(the last three empty where they do not apply); plot it with scripts/plot_fidelity.py.)";
+(the last three empty where they do not apply); plot it with scripts/plot_fidelity.py.
+Under mpirun the layers of the samples (whole samples with CHESS) are split over
+the ranks; the CSV is the same as one process writes.)";
 
 std::vector<std::string> split(const std::string& list) {
   std::vector<std::string> out;
