@@ -96,6 +96,11 @@ void report(const Options& o, const FidelityReport& rep) {
       fmt::print(" {:>10} {:>10} {:>9}", col(r.selected_pct, 1), col(r.attn_mass, 100), col(r.trigger_rate, 100));
     fmt::print("\n");
   }
+  // Every row's values unrounded (the CSV rounds them): -v shows that any rank
+  // count gives the same bits, not only the same printed digits.
+  for (const FidelityRow& r : rep.rows)
+    log(LogLevel::debug, "{} exact: {:a} {:a} {:a} {:a} {:a} {:a} {:a} {} queries", r.method, r.kv_size_pct,
+        r.rel_err_mean, r.rel_err_p99, r.cos_mean, r.selected_pct, r.attn_mass, r.trigger_rate, r.queries);
   if (!o.out.empty()) {
     write_text_file(o.out, fidelity_csv(rep));
     log(LogLevel::info, "wrote {}", o.out);

@@ -345,7 +345,8 @@ class MpiFidelity(MpiBase):
         cls.tmp.cleanup()
 
     def check_csv(self, dump, methods, tag, ranks, bundle=True):
-        args = ["eval-fidelity", "--dump", dump, "--methods", methods]
+        # -v: the rows' unrounded values (hex floats), which must match too
+        args = ["-v", "eval-fidelity", "--dump", dump, "--methods", methods]
         if dump != self.LONG:
             args += ["--block", "48"]  # the short prompts (69-81 tokens) hold a full block to compress
         if bundle:
@@ -358,12 +359,16 @@ class MpiFidelity(MpiBase):
         self.assertEqual(want.count(b"\n"), 1 + len(methods.split(",")))
         # something was compressed: not every method is exact
         self.assertTrue(any(float(row.split(b",")[2]) > 0 for row in want.splitlines()[1:]), want)
+        exact = [l for l in r.stderr.splitlines() if " exact: " in l]
+        self.assertEqual(len(exact), len(methods.split(",")), r.stderr)
         for n in ranks:
             out = os.path.join(self.dir, f"{tag}_{n}.csv")
             r = self.run_kvcal(n, args, out)
             self.assertEqual(r.returncode, 0, f"{n} ranks: {r.stderr}")
             with open(out, "rb") as f:
                 self.assertEqual(f.read(), want, f"{tag}, {n} ranks: the CSV differs")
+            self.assertEqual([l for l in r.stderr.splitlines() if " exact: " in l], exact,
+                             f"{tag}, {n} ranks: the unrounded values differ")
             self.assertEqual(self.leftovers(out), [os.path.basename(out)])
             # the summary table comes once, from rank 0
             self.assertEqual(r.stdout.count("rel err mean"), 1, r.stdout)
