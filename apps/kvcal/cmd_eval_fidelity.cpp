@@ -64,7 +64,9 @@ generated and certified on the fly. CHESS adds the fraction of pages attended
 (selected %) and the full attention's mass on them; hetero adds the retrieval
 trigger rate per pivot step. --out writes the CSV columns
 method,kv_size_pct,rel_err_mean,rel_err_p99,cos_mean,selected_pct,attn_mass,trigger_rate
-(the last three empty where they do not apply); plot it with scripts/plot_fidelity.py.)";
+(the last three empty where they do not apply); plot it with scripts/plot_fidelity.py.
+Under mpirun the layers of the samples (whole samples with CHESS) are split over
+the ranks; the CSV is the same as one process writes.)";
 
 std::vector<std::string> split(const std::string& list) {
   std::vector<std::string> out;
@@ -76,42 +78,7 @@ std::vector<std::string> split(const std::string& list) {
   return out;
 }
 
-int run(const Options& o, const Globals&) {
-  {
-    // Not split over MPI ranks yet (its per-layer tallies are merged in the
-    // order layers finish): under mpirun with more than one rank it refuses,
-    // one line from rank 0, rather than run whole on every rank.
-    dist::Context ctx;
-    if (ctx.size() > 1) {
-      ctx.step([&] {
-        KVCAL_CHECK(!ctx.root(),
-                    "kvcal eval-fidelity does not run under mpirun yet ({} ranks); start it without mpirun",
-                    ctx.size());
-      });
-    }
-  }
-  require_usage(!o.dump.empty(), "--dump is required");
-  if (!o.out.empty()) check_mask_output_path(o.out);
-  KVCAL_CHECK(o.threads >= 0, "--threads {} must be 0 (all cores) or more", o.threads);
-  FidelityOptions opt;
-  opt.methods = split(o.methods);
-  require_usage(!opt.methods.empty(), "--methods lists no method");
-  opt.hex.block = o.block;
-  opt.hex.recent_window = o.recent;
-  opt.hex.hh_ratio = o.hh_ratio;
-  opt.hex.sparsity = o.sparsity;
-  opt.hex.mode = o.mode == "full" ? runtime::HexMode::full : runtime::HexMode::append;
-  opt.h2o_budget = o.h2o_budget;
-  opt.bundle = o.bundle;
-  opt.mask_seed = o.seed;
-  opt.threads = o.threads;
-  opt.chess.page_size = o.page_size;
-  opt.chess.chunk_pages = o.chunk_pages;
-  opt.chess.grid_chunks = o.grid_chunks;
-  opt.chess.sink_pages = o.sink_pages;
-  opt.chess.recent_pages = o.recent_pages;
-  opt.drift_window = o.drift_window;
-  const FidelityReport rep = eval_fidelity(o.dump, opt);
+void report(const Options& o, const FidelityReport& rep) {
   fmt::print("{}: {} samples, {} layers, {} query / {} KV heads, head dim {}; block {}, {} mode\n", o.dump, rep.samples,
              rep.layers, rep.q_heads, rep.kv_heads, rep.head_dim, o.block, o.mode);
   if (!rep.mask_source.empty()) fmt::print("expander mask {}\n", rep.mask_source);
@@ -129,10 +96,126 @@ int run(const Options& o, const Globals&) {
       fmt::print(" {:>10} {:>10} {:>9}", col(r.selected_pct, 1), col(r.attn_mass, 100), col(r.trigger_rate, 100));
     fmt::print("\n");
   }
+  // Every row's values unrounded (the CSV rounds them): -v shows that any rank
+  // count gives the same bits, not only the same printed digits.
+  for (const FidelityRow& r : rep.rows)
+    log(LogLevel::debug, "{} exact: {:a} {:a} {:a} {:a} {:a} {:a} {:a} {} queries", r.method, r.kv_size_pct,
+        r.rel_err_mean, r.rel_err_p99, r.cos_mean, r.selected_pct, r.attn_mass, r.trigger_rate, r.queries);
   if (!o.out.empty()) {
     write_text_file(o.out, fidelity_csv(rep));
     log(LogLevel::info, "wrote {}", o.out);
   }
+}
+
+void pack(dist::Packer& out, const std::vector<FidelityPartial>& items) {
+  for (const FidelityPartial& p : items) {
+    out.put(p.reference_max_abs_diff);
+    out.put<std::uint64_t>(p.parts.size());
+    for (const auto& part : p.parts) {
+      out.put<std::uint64_t>(part.size());
+      for (const FidelityTally& t : part) {
+        out.put_vector(t.rel_err);
+        out.put_vector(t.cos);
+        out.put(t.bytes);
+        out.put(t.fp16_bytes);
+        out.put(t.seconds);
+        out.put(t.mass_sum);
+        out.put(t.selected_sum);
+        out.put(t.mass_n);
+        out.put(t.selected_n);
+        out.put(t.drift_steps);
+        out.put(t.drifts);
+      }
+    }
+  }
+}
+
+FidelityPartial unpack_item(dist::Unpacker& in) {
+  FidelityPartial p;
+  p.reference_max_abs_diff = in.get<double>();
+  const auto parts = in.get<std::uint64_t>();
+  KVCAL_CHECK(parts <= (1u << 24), "MPI message holds {} tally parts", parts);
+  for (std::uint64_t i = 0; i < parts; ++i) {
+    const auto methods = in.get<std::uint64_t>();
+    KVCAL_CHECK(methods <= (1u << 16), "MPI message holds {} methods", methods);
+    std::vector<FidelityTally> part(methods);
+    for (FidelityTally& t : part) {
+      t.rel_err = in.get_vector<double>();
+      t.cos = in.get_vector<double>();
+      t.bytes = in.get<std::int64_t>();
+      t.fp16_bytes = in.get<std::int64_t>();
+      t.seconds = in.get<double>();
+      t.mass_sum = in.get<double>();
+      t.selected_sum = in.get<double>();
+      t.mass_n = in.get<std::int64_t>();
+      t.selected_n = in.get<std::int64_t>();
+      t.drift_steps = in.get<std::int64_t>();
+      t.drifts = in.get<std::int64_t>();
+    }
+    p.parts.push_back(std::move(part));
+  }
+  return p;
+}
+
+// The items (layers of samples, or whole samples with CHESS) split over the
+// ranks by weight; each rank reads only its items' layers. Rank 0 gathers
+// every item's tallies in item order and reduces them as one process does.
+// Returns the report on rank 0 (empty elsewhere).
+FidelityReport eval_distributed(dist::Context& ctx, const std::string& dump, const FidelityOptions& opt) {
+  std::unique_ptr<FidelityEvaluator> ev;
+  ctx.step([&] { ev = std::make_unique<FidelityEvaluator>(dump, opt); });
+  std::vector<std::int64_t> weights;
+  for (const FidelityItem& it : ev->items()) weights.push_back(it.weight);
+  const std::vector<std::size_t> bounds = dist::split_by_weight(weights, ctx.size());
+  dist::Packer out;
+  ctx.step([&] { pack(out, ev->evaluate(bounds[ctx.rank()], bounds[ctx.rank() + 1], [&] { ctx.poll(); })); });
+  const std::vector<std::string> parts = ctx.gather(out.bytes());
+  FidelityReport rep;
+  ctx.step([&] {
+    if (!ctx.root()) return;
+    std::vector<FidelityPartial> all;
+    all.reserve(ev->items().size());
+    for (int r = 0; r < ctx.size(); ++r) {
+      dist::Unpacker in(parts[static_cast<std::size_t>(r)]);
+      for (std::size_t i = bounds[r]; i < bounds[r + 1]; ++i) all.push_back(unpack_item(in));
+      KVCAL_CHECK(in.done(), "rank {} sent more than expected", r);
+    }
+    rep = ev->reduce(all);
+    if (ctx.size() > 1)
+      log(LogLevel::info, "gathered {} items of {} samples from {} ranks", all.size(), rep.samples, ctx.size());
+  });
+  return rep;
+}
+
+int run(const Options& o, const Globals&) {
+  dist::Context ctx;
+  FidelityOptions opt;
+  ctx.step([&] {
+    require_usage(!o.dump.empty(), "--dump is required");
+    if (!o.out.empty() && ctx.root()) check_mask_output_path(o.out);
+    KVCAL_CHECK(o.threads >= 0, "--threads {} must be 0 (all cores) or more", o.threads);
+    opt.methods = split(o.methods);
+    require_usage(!opt.methods.empty(), "--methods lists no method");
+  });
+  opt.hex.block = o.block;
+  opt.hex.recent_window = o.recent;
+  opt.hex.hh_ratio = o.hh_ratio;
+  opt.hex.sparsity = o.sparsity;
+  opt.hex.mode = o.mode == "full" ? runtime::HexMode::full : runtime::HexMode::append;
+  opt.h2o_budget = o.h2o_budget;
+  opt.bundle = o.bundle;
+  opt.mask_seed = o.seed;
+  opt.threads = o.threads;
+  opt.chess.page_size = o.page_size;
+  opt.chess.chunk_pages = o.chunk_pages;
+  opt.chess.grid_chunks = o.grid_chunks;
+  opt.chess.sink_pages = o.sink_pages;
+  opt.chess.recent_pages = o.recent_pages;
+  opt.drift_window = o.drift_window;
+  const FidelityReport rep = eval_distributed(ctx, o.dump, opt);
+  ctx.step([&] {
+    if (ctx.root()) report(o, rep);
+  });
   return 0;
 }
 

@@ -9,7 +9,11 @@ first while the others still work, and a rank killed mid-run: each ends with a n
 one kvcal error line naming the rank and the file, and no output or temporary file.
 mask-gen --count (repeated and uncertified seeds, the best uncertified kept, 2-lifts, more ranks
 than masks) writes the same datasets, attributes and summary as the single process for 1-4 ranks;
-its failures give one line. eval-fidelity, not split yet, refuses to run under more than one rank.
+its failures give one line. eval-fidelity writes the same CSV as the single process for 1-4 ranks
+on the recorded SmolLM2 dumps (one long sample; three samples of uneven sizes), with and without
+a bundle (hetero, CHESS re-selection), with items split by layer and by whole sample
+(CHESS), and with more ranks than items; a NaN value in a layer one rank reads gives one error line
+naming that rank and the file, and no CSV.
 
 Usage: python3 tests/python/test_mpi.py path/to/kvcal path/to/mpiexec [unittest options]
 Skips (with a message) without numpy/h5py or when the binary has no MPI. Running as root sets
@@ -99,6 +103,16 @@ class MpiBase(unittest.TestCase):
         base = os.path.basename(out)
         return [f for f in os.listdir(os.path.dirname(out)) if f.startswith(base)]
 
+    def check_fails(self, ranks, args, out, rank, path):
+        r = self.run_kvcal(ranks, args, out)
+        self.assertNotEqual(r.returncode, 0)
+        lines = [l for l in r.stderr.splitlines() if l.startswith("kvcal ")]
+        self.assertEqual(len(lines), 1, r.stderr)
+        self.assertIn(f"error: rank {rank}: ", lines[0])
+        self.assertIn(path, lines[0])
+        self.assertEqual(self.leftovers(out), [], r.stderr)
+        return lines[0]
+
 
 class MpiRuns(MpiBase):
     @classmethod
@@ -168,16 +182,6 @@ class MpiRuns(MpiBase):
                 row = ds[0]
                 row[3] = np.nan
                 ds[0] = row
-
-    def check_fails(self, ranks, args, out, rank, path):
-        r = self.run_kvcal(ranks, args, out)
-        self.assertNotEqual(r.returncode, 0)
-        lines = [l for l in r.stderr.splitlines() if l.startswith("kvcal ")]
-        self.assertEqual(len(lines), 1, r.stderr)
-        self.assertIn(f"error: rank {rank}: ", lines[0])
-        self.assertIn(path, lines[0])
-        self.assertEqual(self.leftovers(out), [], r.stderr)
-        return lines[0]
 
     def test_bad_file_on_one_rank(self):
         # b.h5 (the last file) is read by the last of 2 ranks: NaN logits in its second sample
@@ -304,11 +308,113 @@ class MpiMasks(MpiBase):
         self.assertIn("rank 0: ", lines[0])
         self.assertIn(bad, lines[0])
 
-    def test_eval_fidelity_refuses(self):
-        # not split yet: refused under more than one rank, one line, nothing written
-        out = os.path.join(self.dir, "fidelity.csv")
-        self.check_one_error(2, ["eval-fidelity", "--dump", os.path.join(self.dir, "any.h5")], out,
-                             "kvcal eval-fidelity does not run under mpirun yet (2 ranks); start it without mpirun")
+class MpiFidelity(MpiBase):
+    DATA = os.path.join(ROOT, "data")
+    LONG = os.path.join(DATA, "smollm2_long.h5")      # 1 sample, N = 383, T = 16, 30 layers
+    SHORT = os.path.join(DATA, "smollm2_attention.h5")  # 3 samples, N = 69, 81, 72, T = 12
+    # every kind of method a layer at a time (hex with the expander mask, H2O, hetero from the
+    # bundle), and with CHESS (whole samples)
+    LAYERS = "fp16,kcvt3,hex4,h2o4,h2o-evict,hetero"
+    CHESS = "kcvt4,chess-conservative,chess-aggressive,hetero"
+
+    @classmethod
+    def setUpClass(cls):
+        cls.tmp = tempfile.TemporaryDirectory()
+        cls.dir = cls.tmp.name
+        cls.made = {}
+
+    # Each test is its own ctest test (process): the bundle is made when used.
+    def bundle(self):
+        # as in cli.eval_fidelity_bundle: the mask, a head profile for hetero, and the entropy
+        # thresholds CHESS re-selects with
+        if "bundle" not in self.made:
+            def run(*a):
+                subprocess.run([KVCAL, "-q", *a], env=SERIAL_ENV, cwd=self.dir, check=True,
+                               capture_output=True, timeout=TIMEOUT)
+            run("mask-gen", "--rows", "96", "--cols", "64", "--sparsity", "0.03125", "--method", "lift",
+                "--seed", "5", "--out", "m.h5")
+            run("profile-heads", self.SHORT, "--topk-frac", "0.2", "--drift-window", "4", "--out", "heads.h5")
+            run("calibrate-entropy", self.SHORT, "--page-size", "16", "--out", "ent.h5")
+            run("bundle", "--model", "SmolLM2-135M", "--masks", "m.h5", "--heads", "heads.h5", "--entropy",
+                "ent.h5", "--out", "b.h5")
+            self.made["bundle"] = os.path.join(self.dir, "b.h5")
+        return self.made["bundle"]
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.tmp.cleanup()
+
+    def check_csv(self, dump, methods, tag, ranks, bundle=True):
+        # -v: the rows' unrounded values (hex floats), which must match too
+        args = ["-v", "eval-fidelity", "--dump", dump, "--methods", methods]
+        if dump != self.LONG:
+            args += ["--block", "48"]  # the short prompts (69-81 tokens) hold a full block to compress
+        if bundle:
+            args += ["--bundle", self.bundle()]
+        ref = os.path.join(self.dir, f"{tag}_serial.csv")
+        r = self.run_kvcal(0, args, ref)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        with open(ref, "rb") as f:
+            want = f.read()
+        self.assertEqual(want.count(b"\n"), 1 + len(methods.split(",")))
+        # something was compressed: not every method is exact
+        self.assertTrue(any(float(row.split(b",")[2]) > 0 for row in want.splitlines()[1:]), want)
+        exact = [l for l in r.stderr.splitlines() if " exact: " in l]
+        self.assertEqual(len(exact), len(methods.split(",")), r.stderr)
+        for n in ranks:
+            out = os.path.join(self.dir, f"{tag}_{n}.csv")
+            r = self.run_kvcal(n, args, out)
+            self.assertEqual(r.returncode, 0, f"{n} ranks: {r.stderr}")
+            with open(out, "rb") as f:
+                self.assertEqual(f.read(), want, f"{tag}, {n} ranks: the CSV differs")
+            self.assertEqual([l for l in r.stderr.splitlines() if " exact: " in l], exact,
+                             f"{tag}, {n} ranks: the unrounded values differ")
+            self.assertEqual(self.leftovers(out), [os.path.basename(out)])
+            # the summary table comes once, from rank 0
+            self.assertEqual(r.stdout.count("rel err mean"), 1, r.stdout)
+
+    def test_eval_fidelity_identical(self):
+        # 30 layer items of one sample
+        self.check_csv(self.LONG, "kcvt3,hex4,h2o-evict,hetero", "long", ranks=(1, 2, 3))
+        # 3 x 30 layer items of uneven samples; ranks split inside samples
+        self.check_csv(self.SHORT, self.LAYERS, "short", ranks=(4,))
+
+    def test_eval_fidelity_whole_samples_identical(self):
+        # CHESS: whole-sample items, re-selected on the bundle's entropy thresholds
+        self.check_csv(self.SHORT, self.CHESS, "short_chess", ranks=(2, 3))
+
+    def test_eval_fidelity_more_ranks_than_items(self):
+        # 3 whole-sample items for 4 ranks (without a bundle: CHESS selects once after the prompt)
+        self.check_csv(self.SHORT, "kcvt4,chess-moderate", "short_chess_nb", ranks=(4,), bundle=False)
+
+    def plant_nan(self, dst, sample, layer):
+        with open(self.SHORT, "rb") as f, open(dst, "wb") as g:
+            g.write(f.read())
+        with h5py.File(dst, "r+") as f:
+            ds = f["samples"][sample]["values"]
+            v = ds[layer]
+            v[1, 5, 3] = np.nan
+            ds[layer] = v
+
+    def test_eval_fidelity_fails_on_one_rank(self):
+        # A NaN value in the last layer of the last sample: only the last rank reads it.
+        bad = os.path.join(self.dir, "nan_last.h5")
+        self.plant_nan(bad, "sample_002", 29)
+        args = ["eval-fidelity", "--dump", bad, "--methods", "kcvt4,hex4"]
+        out = os.path.join(self.dir, "nan_last.csv")
+        r = self.run_kvcal(0, args, out)
+        self.assertNotEqual(r.returncode, 0)
+        self.assertIn("sample 'sample_002', layer 29: non-finite key or value", r.stderr)
+        self.assertEqual(self.leftovers(out), [])
+        for n in (3,):
+            line = self.check_fails(n, args, out, n - 1, bad)
+            self.assertIn("sample 'sample_002', layer 29: non-finite key or value", line)
+        # In the first layer of the first sample: rank 0 fails while the others work.
+        bad = os.path.join(self.dir, "nan_first.h5")
+        self.plant_nan(bad, "sample_000", 0)
+        line = self.check_fails(3, ["eval-fidelity", "--dump", bad, "--methods", "kcvt4,hex4"],
+                                os.path.join(self.dir, "nan_first.csv"), 0, bad)
+        self.assertIn("sample 'sample_000', layer 0: non-finite key or value", line)
 
 
 def main():

@@ -22,6 +22,8 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -63,6 +65,61 @@ struct FidelityReport {
 // Throws kvcal::Error for a dump without queries/keys/values, unknown
 // methods, bad options, or a bundle that cannot be used.
 FidelityReport eval_fidelity(const std::string& dump_path, const FidelityOptions& options);
+
+// Splitting the evaluation (kvcal eval-fidelity over MPI ranks): the work is
+// a list of items in a fixed order, one layer of one sample each, or whole
+// samples when a CHESS method is listed (its page selection reads every
+// layer's keys of the sample). An item's result is its tallies per method, in
+// parts merged in order (a layer; for a whole sample its CHESS selections
+// first, then each layer). reduce() merges every item's parts in item order
+// and computes the rows from the merged tallies, the same arithmetic however
+// the items were split, so the report is the same to the bit;
+// eval_fidelity() is evaluate() of every item, then reduce().
+struct FidelityTally {
+  std::vector<double> rel_err, cos;  // per (step, query head) of the part, in order
+  std::int64_t bytes = 0, fp16_bytes = 0;
+  double seconds = 0;
+  double mass_sum = 0, selected_sum = 0;
+  std::int64_t mass_n = 0, selected_n = 0;
+  std::int64_t drift_steps = 0, drifts = 0;
+  void merge(const FidelityTally& o);
+};
+
+struct FidelityItem {
+  std::int64_t sample = 0, layer_begin = 0, layer_end = 0;
+  std::int64_t weight = 0;  // work estimate: attention rows read by its decode steps
+};
+
+struct FidelityPartial {
+  std::vector<std::vector<FidelityTally>> parts;  // [part][method]
+  double reference_max_abs_diff = 0;
+};
+
+class FidelityEvaluator {
+ public:
+  // Checks the options and the dump's shapes, opens the bundle and gets the
+  // expander mask (throws kvcal::Error as eval_fidelity does). Reads the
+  // dump's metadata only.
+  FidelityEvaluator(const std::string& dump_path, const FidelityOptions& options);
+  ~FidelityEvaluator();
+  FidelityEvaluator(const FidelityEvaluator&) = delete;
+  FidelityEvaluator& operator=(const FidelityEvaluator&) = delete;
+
+  const std::vector<FidelityItem>& items() const;
+  const FidelityReport& shape() const;  // the report's shapes and mask source, no rows
+  std::size_t methods() const;
+  // Items [begin, end), reading only their layers of the dump (a sample's
+  // layers in parallel threads); `between` runs before each sample's items
+  // (it may throw to stop).
+  std::vector<FidelityPartial> evaluate(std::size_t begin, std::size_t end,
+                                        const std::function<void()>& between = {}) const;
+  // Every item's result, in item order.
+  FidelityReport reduce(const std::vector<FidelityPartial>& all) const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
 
 // The CSV: method,kv_size_pct,rel_err_mean,rel_err_p99,cos_mean,selected_pct,attn_mass,trigger_rate
 // (one row per method; the last three empty where they do not apply).
