@@ -127,7 +127,9 @@ TEST_F(BundleDamage, EveryByteOfTheSealAndRandomFlipsAreRefused) {
     bad[at] = static_cast<char>(bad[at] ^ mask(rng));
     write_all(p, bad);
     const std::string what = expect_refused(p, "");
-    if (at >= 512) EXPECT_NE(what.find("checksum mismatch"), std::string::npos) << what;
+    if (at >= 512) {
+      EXPECT_NE(what.find("checksum mismatch"), std::string::npos) << what;
+    }
     // The explicit opt-out does not skip a seal that is there.
     if (at >= 512) {
       BundleOpenOptions o;
@@ -165,7 +167,9 @@ TEST_F(BundleDamage, TruncationsAndAppendedBytesAreRefused) {
     SCOPED_TRACE("cut at " + std::to_string(n));
     write_all(p, std::vector<char>(good.begin(), good.begin() + static_cast<std::ptrdiff_t>(n)));
     const std::string what = expect_refused(p, "");
-    if (n > 512) EXPECT_NE(what.find("truncated"), std::string::npos) << what;
+    if (n > 512) {
+      EXPECT_NE(what.find("truncated"), std::string::npos) << what;
+    }
   }
   for (const std::size_t extra : {1u, 512u, 4096u}) {
     SCOPED_TRACE("appended " + std::to_string(extra));
