@@ -27,13 +27,20 @@ How it runs (CPU, batch 1, full-attention decoder models such as Llama):
 - Decode: each new token is appended to the runtime cache, and the token's
   attention is the runtime's own (``attend``: on the compressed blocks' codes,
   the fp16 kept rows and the fp16 residual); the weights it returns are
-  observed for the heavy hitters.
+  observed for the heavy hitters. A step of several tokens (chunked scoring,
+  assisted decoding) runs them through the runtime one at a time inside each
+  layer (append, attend, observe), so it computes exactly what that many
+  one-token steps compute, with the model's dense layers batched.
+- Prefill once, compress many ways: :func:`prefill` runs a prompt at full
+  precision and keeps every layer's keys, values and attention column sums
+  (a :class:`Prefix`); :meth:`KvcalCache.load_prefix` fills a cache from it as
+  its own prefill would have (the prompt's attention never reads a compressed
+  cache), so one prefill serves every method.
 
 What differs from the C++ runtime driven by recorded data: nothing in the
 caches; the heavy-hitter scores come from the live model's weights (the
 compressed cache's own during decode) rather than from a recording. Not
-supported: batches > 1, several new tokens per step after the prompt
-(assisted or chunked decoding), sliding-window layers, device tensors. The
+supported: batches > 1, sliding-window layers, device tensors. The
 CHESS (page selection) and HeteroCache (per-head budgets) methods are not
 offered as caches: CHESS selects pages from the keys of every layer of a token,
 which transformers hands to a cache one layer at a time, and HeteroCache's
@@ -122,6 +129,7 @@ class KvcalLayer(CacheLayerMixin):
         self.runtime = None  # kvcal.HexLayerCache or kvcal.H2OEvictCache, made at the first update
         self.tokens = 0
         self._prompt = None  # (k, v) of the prompt until its attention was observed
+        self._step = None  # float16 (k, v) [kv_heads, n, head_dim] of a decode step until it attends
 
     def lazy_initialization(self, key_states, value_states):
         if key_states.device.type != "cpu":
@@ -148,11 +156,8 @@ class KvcalLayer(CacheLayerMixin):
             # The prompt attends in full precision; it enters the runtime once its weights are observed.
             self._prompt = (key_states, value_states)
         else:
-            if n != 1:
-                raise NotImplementedError(
-                    f"kvcal.hf decodes one token per step after the prompt; got {n} (assisted or chunked decoding)"
-                )
-            self.runtime.append(_to_half_numpy(key_states), _to_half_numpy(value_states))
+            # Appended token by token in attention(), each right before its own query attends.
+            self._step = (_to_half_numpy(key_states), _to_half_numpy(value_states))
         self.tokens += n
         _pending.layer = self
         return key_states, value_states
@@ -172,11 +177,20 @@ class KvcalLayer(CacheLayerMixin):
             self._prompt = None
             self.runtime.append(_to_half_numpy(k), _to_half_numpy(v))
             return out, weights
-        q = query[0, :, 0, :].detach().float().contiguous().numpy()  # [Hq, D]
-        out, probs = self.runtime.attend(q, scale=float(scaling), return_probs=True)
-        self.runtime.observe(probs)
-        out_t = torch.from_numpy(out).to(query.dtype).reshape(1, 1, q.shape[0], q.shape[1])
-        return out_t, torch.from_numpy(probs).to(query.dtype)[None, :, None, :]
+        k, v = self._step
+        self._step = None
+        n = k.shape[1]
+        q = query[0].detach().float().transpose(0, 1).contiguous().numpy()  # [n, Hq, D]
+        out = np.empty(q.shape, np.float32)
+        probs = None
+        for t in range(n):
+            self.runtime.append(k[:, t : t + 1], v[:, t : t + 1])
+            probs = self.runtime.attend(q[t], scale=float(scaling), out=out[t], return_probs=True)[1]
+            self.runtime.observe(probs)
+        out_t = torch.from_numpy(out).to(query.dtype)[None]  # [1, n, Hq, D], as eager attention returns it
+        # One token's weights as eager returns them; a multi-token step's rows differ in length.
+        weights = torch.from_numpy(probs).to(query.dtype)[None, :, None, :] if n == 1 else None
+        return out_t, weights
 
     def get_mask_sizes(self, query_length: int):
         return self.tokens + query_length, 0
@@ -187,10 +201,24 @@ class KvcalLayer(CacheLayerMixin):
     def get_max_length(self) -> int:
         return -1
 
+    def load_prefix(self, keys, values, scores):
+        """Fills an empty layer with a prompt prefilled elsewhere (see :meth:`KvcalCache.load_prefix`)."""
+        if self.tokens:
+            raise RuntimeError(f"kvcal.hf: layer {self.layer_idx} already holds {self.tokens} tokens")
+        self.lazy_initialization(keys, values)
+        n = keys.shape[-2]
+        scores = np.ascontiguousarray(scores, dtype=np.float32)
+        if scores.ndim != 2 or scores.shape[1] != n:
+            raise ValueError(f"kvcal.hf: layer {self.layer_idx}: scores of shape {scores.shape}, expected [q_heads, {n}]")
+        self.runtime.observe(scores)
+        self.runtime.append(_to_half_numpy(keys), _to_half_numpy(values))
+        self.tokens = n
+
     def reset(self):
         self.runtime = None
         self.tokens = 0
         self._prompt = None
+        self._step = None
         self.is_initialized = False
 
     def reorder_cache(self, beam_idx):
@@ -272,6 +300,16 @@ class KvcalCache(Cache):
             self.mask = self.mask_cache.get(self._hex["block"], head_dim, self._hex["sparsity"])
         return kvcal.HexLayerCache(kv_heads, head_dim, self.method, self.mask, **self._hex)
 
+    def load_prefix(self, prefix: "Prefix") -> "KvcalCache":
+        """Fills this (empty) cache with a prompt that :func:`prefill` ran: each layer observes the prompt's
+        attention column sums, then takes its keys and values, exactly as the cache's own prefill does. Returns
+        self; the next forward continues at position ``prefix.tokens``."""
+        if len(prefix.keys) != len(self.layers):
+            raise ValueError(f"kvcal.hf: the prefix has {len(prefix.keys)} layers, the cache {len(self.layers)}")
+        for layer, k, v, s in zip(self.layers, prefix.keys, prefix.values, prefix.scores):
+            layer.load_prefix(k, v, s)
+        return self
+
     def bytes(self) -> int:
         """Bytes the runtime caches store, all layers (the runtime's accounting)."""
         return sum(layer.bytes() for layer in self.layers)
@@ -279,3 +317,112 @@ class KvcalCache(Cache):
     def fp16_bytes(self) -> int:
         """The same tokens kept in fp16, all layers."""
         return sum(layer.fp16_bytes() for layer in self.layers)
+
+
+class Prefix:
+    """A prompt run once at full precision (:func:`prefill`): per layer its keys and values
+    (torch, [1, kv_heads, tokens, head_dim], after RoPE) and its attention column sums per query head
+    (float32 NumPy [q_heads, tokens]: the heavy-hitter scores a cache's own prefill observes), plus the
+    logits at its last position."""
+
+    def __init__(self, keys, values, scores, last_logits):
+        self.keys, self.values, self.scores, self.last_logits = keys, values, scores, last_logits
+
+    @property
+    def tokens(self) -> int:
+        return int(self.keys[0].shape[-2])
+
+    def dynamic_cache(self, config):
+        """A transformers DynamicCache holding the prefix (the uncompressed reference)."""
+        from transformers import DynamicCache
+
+        cache = DynamicCache(config=config)
+        for i, (k, v) in enumerate(zip(self.keys, self.values)):
+            cache.update(k.clone(), v.clone(), i)
+        return cache
+
+
+PREFILL_ATTENTION_NAME = "kvcal_prefill"
+_prefill_state = threading.local()
+
+
+def _prefill_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
+    """Causal softmax attention of a whole prompt, ``rows`` queries at a time and each block only over the keys
+    it can see (half the work of a full square), in preallocated buffers (long prompts allocate nothing per
+    block); adds every query's weights into per-query-head column sums. Numerically the model's eager attention
+    up to float rounding order."""
+    if scaling is None:
+        scaling = query.shape[-1] ** -0.5
+    if query.shape[0] != 1 or key.shape[2] != query.shape[2]:
+        raise RuntimeError("kvcal.hf.prefill: the prompt must be the first tokens of a batch-1 sequence")
+    _, hq, n, d = query.shape
+    hkv = key.shape[1]
+    g = hq // hkv
+    rows = max(1, min(n, getattr(_prefill_state, "rows", 256)))
+    q = query[0].reshape(hkv, g, n, d)
+    k, v = key[0], value[0]
+    out = torch.empty(1, n, hq, d, dtype=query.dtype)
+    scores = torch.zeros(hkv, g, n, dtype=torch.float32)
+    buf = torch.empty(hkv * g * rows * n, dtype=query.dtype)
+    obuf = torch.empty(hkv * g * rows * d, dtype=query.dtype)
+    causal = None
+    for s in range(0, n, rows):
+        e = min(n, s + rows)
+        r = e - s
+        qc = (q[:, :, s:e] * scaling).reshape(hkv, g * r, d)
+        w = buf[: hkv * g * r * e].view(hkv, g * r, e)
+        torch.bmm(qc, k[:, :e].transpose(1, 2), out=w)
+        w4 = w.view(hkv, g, r, e)
+        if attention_mask is not None:
+            w4.add_(attention_mask[0, 0, s:e, :e] if attention_mask.dim() == 4 else attention_mask[s:e, :e])
+        else:
+            if causal is None or causal.shape[0] != r:
+                causal = torch.full((r, r), float("-inf"), dtype=query.dtype).triu_(1)
+            w4[..., s:e].add_(causal)
+        w.sub_(w.amax(dim=-1, keepdim=True)).exp_()
+        w.div_(w.sum(dim=-1, keepdim=True))
+        o = obuf[: hkv * g * r * d].view(hkv, g * r, d)
+        torch.bmm(w, v[:, :e], out=o)
+        out[0, s:e] = o.view(hkv, g, r, d).permute(2, 0, 1, 3).reshape(r, hq, d)
+        scores[:, :, :e] += w4.sum(dim=2)
+    sink = getattr(_prefill_state, "scores", None)
+    if sink is not None:
+        sink[module.layer_idx] = scores.reshape(hq, n).numpy()
+    return out, None
+
+
+ALL_ATTENTION_FUNCTIONS.register(PREFILL_ATTENTION_NAME, _prefill_attention)
+ALL_MASK_ATTENTION_FUNCTIONS.register(PREFILL_ATTENTION_NAME, eager_mask)
+
+
+def prefill(model, input_ids, *, rows: int = 256) -> Prefix:
+    """Runs the prompt ``input_ids`` ([1, n] or [n]) through ``model`` once, at full precision with the model's
+    softmax attention (``rows`` queries at a time), and returns its :class:`Prefix`. Give the prefix to
+    :meth:`KvcalCache.load_prefix` (any number of caches, any methods) or :meth:`Prefix.dynamic_cache`."""
+    from transformers import DynamicCache
+
+    ids = input_ids if input_ids.dim() == 2 else input_ids[None]
+    if ids.shape[0] != 1:
+        raise ValueError(f"kvcal.hf.prefill: batch size 1, got {ids.shape[0]}")
+    config = model.config
+    text = config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config
+    cache = DynamicCache(config=config)
+    saved = config._attn_implementation
+    _prefill_state.scores, _prefill_state.rows = {}, int(rows)
+    try:
+        config._attn_implementation = PREFILL_ATTENTION_NAME
+        if text is not config:
+            text._attn_implementation = PREFILL_ATTENTION_NAME
+        with torch.no_grad():
+            out = model(input_ids=ids, past_key_values=cache, use_cache=True, logits_to_keep=1)
+        scores = _prefill_state.scores
+    finally:
+        _prefill_state.scores = None
+        config._attn_implementation = saved
+        if text is not config:
+            text._attn_implementation = saved
+    layers = cache.layers
+    if len(scores) != len(layers):
+        raise RuntimeError(f"kvcal.hf.prefill: {len(scores)} of {len(layers)} layers ran the recording attention")
+    return Prefix([layer.keys for layer in layers], [layer.values for layer in layers],
+                  [scores[i] for i in range(len(layers))], out.logits[0, -1].detach())

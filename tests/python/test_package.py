@@ -11,6 +11,7 @@ import math
 import os
 import shutil
 import subprocess
+import sys
 import threading
 
 import h5py
@@ -564,3 +565,41 @@ def test_library_messages_survive(tmp_path):
         kvcal.generate_masks(96, 100, row_degree=3, method="lift")
     assert "mask 96x100 with row degree 3" in str(e.value)
     assert issubclass(kvcal.Error, ValueError)
+
+
+# ---- kvcal.eval_model: what runs without torch (statistics, arguments); the model run is test_eval_model.py
+def test_eval_model_statistics_closed_forms():
+    import kvcal.eval_model as em
+
+    rng = np.random.default_rng(3)
+    x = rng.gamma(2.0, 1.5, size=4 * 64)
+    idx = em.bootstrap_index(len(em.block_means(x, 64)), 500, 1)
+    assert em.block_means(x, 64).shape == (8,)
+    np.testing.assert_allclose(em.block_means(x, 64), x.reshape(8, 32).mean(axis=1))
+    ppl, lo, hi = em.ppl_interval(x, 64, idx)
+    assert ppl == pytest.approx(np.exp(x.mean())) and lo <= ppl <= hi
+    # A constant per-token difference c: the change is exactly 100 (e^c - 1) %, with no spread.
+    d, dlo, dhi = em.paired_delta(x + 0.01, x, 64, idx)
+    assert d == pytest.approx(100 * np.expm1(0.01)) and dlo == pytest.approx(d) and dhi == pytest.approx(d)
+    # The identical method: zero change.
+    assert em.paired_delta(x, x, 64, idx) == (0.0, 0.0, 0.0)
+    # Spearman: perfectly monotone, reversed, and a hand-ranked case (ranks 1,3,2,4 vs 1,2,3,4: 1 - 6*2/(4*15)).
+    assert em.spearman([1, 2, 3, 4], [10, 20, 30, 400]) == pytest.approx(1.0)
+    assert em.spearman([1, 2, 3, 4], [4, 3, 2, 1]) == pytest.approx(-1.0)
+    assert em.spearman([1, 3, 2, 4], [1, 2, 3, 4]) == pytest.approx(0.8)
+    assert em.answer_matches(" 12345. Remember", "12345") and not em.answer_matches(" 1234 5", "12345")
+
+
+def test_eval_model_cli_help_and_bad_arguments(tmp_path):
+    r = subprocess.run([sys.executable, "-m", "kvcal.eval_model", "--help"], capture_output=True, text=True)
+    assert r.returncode == 0 and "--quick" in r.stdout and "examples:" in r.stdout
+    for args, message in ((["--methods", "fp16,nosuch"], "unknown method 'nosuch'"),
+                          (["--methods", "hetero"], "eval-fidelity"),
+                          (["--windows", "0"], "--windows must be at least 1"),
+                          (["--methods", "fp16", "--texts", "nosuchtext"], "unknown text")):
+        r = subprocess.run([sys.executable, "-m", "kvcal.eval_model", "--out-dir", str(tmp_path / "o"), *args],
+                           capture_output=True, text=True)
+        assert r.returncode == 2, r.stderr
+        assert r.stderr.strip().splitlines()[-1].startswith("eval_model: error:") and message in r.stderr, r.stderr
+        assert len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert not (tmp_path / "o").exists()
