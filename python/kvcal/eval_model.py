@@ -482,7 +482,7 @@ def run(args) -> dict:
     max_pos = int(getattr(model.config, "max_position_embeddings", 0) or 0)
     S = cfg["score_tokens"]
     for L in cfg["lengths"]:
-        if max_pos and L + S + 1 > max_pos:
+        if max_pos and L + S > max_pos:
             raise EvalError(f"context {L} + {S} scored tokens exceeds the model's {max_pos} positions")
     for L in cfg["passkey_lengths"] if not args.no_passkey else []:
         if max_pos and L + 64 > max_pos:
@@ -613,6 +613,7 @@ def run(args) -> dict:
         write_atomic(os.path.join(args.out_dir, "passkey.csv"),
                      csv_bytes(passkey_rows, ["method", "length", "context", "depth", "key", "answer", "ok"]))
     write_atomic(os.path.join(args.out_dir, "summary.json"), (json.dumps(summary, indent=1) + "\n").encode())
+    write_atomic(os.path.join(args.out_dir, "eval_model.md"), markdown_table(rows, cfg["lengths"]).encode())
     if not args.no_plots:
         plot(rows, passkey_rows, methods, args.out_dir)
     return {"rows": rows, "summary": summary, "passkey": passkey_rows}
@@ -769,6 +770,32 @@ def save_fig(fig, path: str) -> None:
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=110)
     write_atomic(path, buf.getvalue())
+
+
+def markdown_table(rows, lengths) -> str:
+    """One line per method: KV % at the longest context, then per context perplexity change vs fp16 with its
+    interval, and passkey accuracy."""
+    methods = list(dict.fromkeys(r["method"] for r in rows))
+    by = {(r["method"], r["context"]): r for r in rows}
+    head = "| method | KV % (" + str(max(lengths)) + ") | " + " | ".join(f"ppl Δ% @{L}" for L in lengths) + " | " + \
+           " | ".join(f"passkey @{L}" for L in lengths) + " |"
+    lines = [head, "|" + "---|" * (2 + 2 * len(lengths))]
+    for m in methods:
+        cells = [m, f"{by[(m, max(lengths))]['kv_bytes_pct']:.1f}"]
+        for L in lengths:
+            r = by.get((m, L))
+            cells.append(f"{r['delta_pct']:+.2f} [{r['delta_lo']:+.2f}, {r['delta_hi']:+.2f}]" if r else "")
+        for L in lengths:
+            r = by.get((m, L))
+            cells.append("" if not r or r.get("passkey_acc") is None else f"{r['passkey_acc']:.2f}")
+        lines.append("| " + " | ".join(cells) + " |")
+    ref = next((by[(m, L)] for m in ("fp16",) for L in lengths if (m, L) in by), None)
+    if ref is not None:
+        lines.append("")
+        lines.append("fp16 perplexity: " + ", ".join(
+            f"{by[('fp16', L)]['ppl']:.3f} [{by[('fp16', L)]['ppl_lo']:.3f}, {by[('fp16', L)]['ppl_hi']:.3f}] @{L}"
+            for L in lengths if ("fp16", L) in by))
+    return "\n".join(lines) + "\n"
 
 
 def print_table(rows) -> None:

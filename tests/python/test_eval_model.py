@@ -97,7 +97,7 @@ def test_csv_contract(run):
         assert r["passkey_acc"] in ("0", "1") and r["passkey_trials"] == "1"
     fp16 = next(r for r in rows if r["method"] == "fp16")
     assert float(fp16["delta_pct"]) == 0.0
-    for name in ("windows.csv", "passkey.csv", "summary.json", "ppl_vs_kv.png", "passkey.png"):
+    for name in ("windows.csv", "passkey.csv", "summary.json", "eval_model.md", "ppl_vs_kv.png", "passkey.png"):
         assert os.path.getsize(os.path.join(out, name)) > 0, name
     with open(os.path.join(out, "passkey.csv"), newline="") as f:
         pk = list(csv.DictReader(f))
