@@ -202,6 +202,41 @@ TEST(HexKernels, HalfRowsAndDenseLoopsMatchReference) {
   });
 }
 
+TEST(HexKernels, SoftmaxRowMatchesDoubleReference) {
+  on_every_target([] {
+    std::mt19937_64 rng(0x736f6674);
+    std::normal_distribution<float> g(0.0f, 1.0f);
+    // Lengths around the vector widths; scores spread over 60 units, so that
+    // weights below FLT_MIN (exp argument < -104 after the shift) occur.
+    for (const i64 n : {1, 2, 15, 16, 17, 63, 64, 65, 1000})
+      for (const float spread : {0.1f, 8.0f, 60.0f}) {
+        SCOPED_TRACE("n " + std::to_string(n) + " spread " + std::to_string(spread));
+        std::vector<float> r(static_cast<std::size_t>(n));
+        for (auto& x : r) x = spread * g(rng);
+        if (n > 3) r[2] = r[1];  // a tie
+        const auto in = r;
+        softmax_row(r.data(), n);
+        double m = -1e300, z = 0;
+        for (const float x : in) m = std::max(m, static_cast<double>(x));
+        for (const float x : in) z += std::exp(static_cast<double>(x) - m);
+        double total = 0;
+        for (i64 i = 0; i < n; ++i) {
+          const double arg = static_cast<double>(in[static_cast<std::size_t>(i)]) - m;
+          const double want = std::exp(arg) / z;
+          // The argument x - max rounded to float (relative error 2^-24 of
+          // |arg| in the result), exp within 1 ulp, the sum and the scaling a
+          // few more roundings, the float sum of n terms up to n 2^-24 (one
+          // lane on the scalar target); weights below FLT_MIN may be 0.
+          const double tol = (6e-8 * std::fabs(arg) + 4e-7 + 6e-8 * static_cast<double>(n)) * want + 1.2e-38;
+          ASSERT_NEAR(r[static_cast<std::size_t>(i)], want, tol) << "at " << i;
+          ASSERT_GE(r[static_cast<std::size_t>(i)], 0.0f);
+          total += r[static_cast<std::size_t>(i)];
+        }
+        ASSERT_NEAR(total, 1.0, 1e-6);
+      }
+  });
+}
+
 TEST(Fp16Bulk, EveryBinary16ValueOnEveryTarget) {
   std::vector<std::uint16_t> all(65536 + 5);
   for (std::size_t i = 0; i < all.size(); ++i) all[i] = static_cast<std::uint16_t>(i % 65536);

@@ -44,18 +44,7 @@ bool finite_halves(const half_bits* x, std::int64_t n) {
 }
 
 void softmax_rows(float* s, std::int64_t rows, std::int64_t n, std::int64_t stride) {
-  for (std::int64_t j = 0; j < rows; ++j) {
-    float* r = s + j * stride;
-    float m = -std::numeric_limits<float>::infinity();
-    for (std::int64_t t = 0; t < n; ++t) m = std::max(m, r[t]);
-    float z = 0;
-    for (std::int64_t t = 0; t < n; ++t) {
-      r[t] = std::exp(r[t] - m);
-      z += r[t];
-    }
-    const float inv = 1.0f / z;
-    for (std::int64_t t = 0; t < n; ++t) r[t] *= inv;
-  }
+  for (std::int64_t j = 0; j < rows; ++j) softmax_row(s + j * stride, n);
 }
 
 HexBlock compress_checked_block(const half_bits* k, const half_bits* v, std::int64_t tokens, std::int64_t dim,
@@ -222,13 +211,28 @@ namespace {
 
 // Per-thread scratch of the decode paths (no allocation per block).
 struct Scratch {
-  std::vector<float> qd, bias, kmin, params, sparse, qs, acc, base, a;
+  std::vector<float> qd, bias, kmin, params, sparse, qs, acc, base, a, corr;
   static float* get(std::vector<float>& v, std::int64_t n) {
     if (static_cast<std::int64_t>(v.size()) < n) v.resize(static_cast<std::size_t>(n));
     return v.data();
   }
 };
 thread_local Scratch scratch;
+
+// Calls f(first, count, quantized_index_of_first) for each run of quantized
+// tokens between the kept ones, and g(t, kept_index) for each kept token, in
+// token order.
+template <class Quant, class Kept>
+void walk_tokens(const HexBlockView& b, Quant f, Kept g) {
+  std::int64_t t = 0, qr = 0;
+  for (std::int64_t kept = 0; kept <= b.kept_rows; ++kept) {
+    const std::int64_t end = kept < b.kept_rows ? b.kept_index[kept] : b.tokens;
+    if (end > t) f(t, end - t, qr);
+    qr += end - t;
+    if (kept < b.kept_rows) g(end, kept);
+    t = end + 1;
+  }
+}
 
 }  // namespace
 
@@ -256,30 +260,50 @@ void hex_block_scores(const HexBlockView& b, const float* q, std::int64_t nq, st
     for (std::int64_t c = 0; c < d; ++c) kmin[c] = params[2 * c + 1];
     for (std::int64_t j = 0; j < nq; ++j) {
       const float* qj = q + j * q_stride;
-      for (std::int64_t c = 0; c < d; ++c) qd[j * d + sl.slot(c)] = scale * qj[c] * params[2 * c];
+      float* qdj = qd + j * d;
+      // Channel c = i * per + k sits in slot k * run + i.
+      for (std::int64_t i = 0, c = 0; i < sl.run; ++i)
+        for (std::int64_t k = 0; k < sl.per; ++k, ++c) qdj[k * sl.run + i] = scale * qj[c] * params[2 * c];
       bias[j] = scale * dot(qj, kmin, d);
     }
     if (d1 > 0) halves_to_floats(b.k_sparse, nqr * d1, sparse);
     code_scores(b.k_codes, nqr, b.row_bytes, b.bits, d, qd, nq, d, qs, nqr);
   }
-  std::int64_t kept = 0, qr = 0;
-  for (std::int64_t t = 0; t < b.tokens; ++t) {
-    if (kept < b.kept_rows && b.kept_index[kept] == t) {
-      half_scores(q, nq, q_stride, b.k_kept + kept * d, 1, d, d, scale, scores + t, s_stride);
-      ++kept;
-      continue;
-    }
-    const std::int32_t* cols = b.mask_indices + t * d1;
-    const float* xs = sparse + qr * d1;
-    for (std::int64_t j = 0; j < nq; ++j) {
-      const float* qj = q + j * q_stride;
-      float s = bias[j] + qs[j * nqr + qr];
-      // Expander entries (code 0): the stored value replaces min_c.
-      for (std::int64_t e = 0; e < d1; ++e) s += scale * qj[cols[e]] * (xs[e] - kmin[cols[e]]);
-      scores[j * s_stride + t] = s;
-    }
-    ++qr;
-  }
+  // Expander entries (code 0): the stored value x replaces min_c, so a
+  // token's score gains sum_e scale q_c (x_e - min_c): with qk = scale q and
+  // u = qk * min per channel, that is sum_e qk[c_e] x_e - u[c_e].
+  float* qk = Scratch::get(sc.corr, 2 * nq * d);
+  float* u = qk + nq * d;
+  if (d1 > 0 && nqr > 0)
+    for (std::int64_t j = 0; j < nq; ++j)
+      for (std::int64_t c = 0; c < d; ++c) {
+        qk[j * d + c] = scale * q[j * q_stride + c];
+        u[j * d + c] = qk[j * d + c] * kmin[c];
+      }
+  walk_tokens(
+      b,
+      [&](std::int64_t t0, std::int64_t n, std::int64_t qr0) {
+        for (std::int64_t j = 0; j < nq; ++j) {
+          const float bj = bias[j];
+          const float* qsj = qs + j * nqr + qr0;
+          float* sj = scores + j * s_stride + t0;
+          for (std::int64_t i = 0; i < n; ++i) sj[i] = bj + qsj[i];
+        }
+        for (std::int64_t i = 0; i < n && d1 > 0; ++i) {
+          const std::int32_t* cols = b.mask_indices + (t0 + i) * d1;
+          const float* xs = sparse + (qr0 + i) * d1;
+          for (std::int64_t j = 0; j < nq; ++j) {
+            const float* qkj = qk + j * d;
+            const float* uj = u + j * d;
+            float s = 0;
+            for (std::int64_t e = 0; e < d1; ++e) s += qkj[cols[e]] * xs[e] - uj[cols[e]];
+            scores[j * s_stride + t0 + i] += s;
+          }
+        }
+      },
+      [&](std::int64_t t, std::int64_t kept) {
+        half_scores(q, nq, q_stride, b.k_kept + kept * d, 1, d, d, scale, scores + t, s_stride);
+      });
 }
 
 // Accumulation: per token the weights p_t * delta_t of the packed rows, the
@@ -298,34 +322,46 @@ void hex_block_accumulate(const HexBlockView& b, const float* p, std::int64_t nq
   float* base = Scratch::get(sc.base, nq);    // sum_t p_t min_t
   float* a = Scratch::get(sc.a, nq * nqr);    // [nq][quantized row]: p_t delta_t
   float* sparse = Scratch::get(sc.sparse, nqr * d1);
+  float* params = Scratch::get(sc.params, 2 * nqr);  // (delta, min) per quantized row
   std::fill(acc, acc + nq * d, 0.0f);
   std::fill(base, base + nq, 0.0f);
+  if (nqr > 0) halves_to_floats(reinterpret_cast<const half_bits*>(b.v_params), 2 * nqr, params);
   if (d1 > 0 && nqr > 0) halves_to_floats(b.v_sparse, nqr * d1, sparse);
-  std::int64_t kept = 0, qr = 0;
-  for (std::int64_t t = 0; t < b.tokens; ++t) {
-    if (kept < b.kept_rows && b.kept_index[kept] == t) {
-      half_accumulate(p + t, nq, p_stride, b.v_kept + kept * d, 1, d, d, out, out_stride);
-      ++kept;
-      continue;
-    }
-    const QuantParams vp = b.v_params[qr];
-    const float vmin = half_to_float(vp.min), vdelta = half_to_float(vp.delta);
-    const std::int32_t* cols = b.mask_indices + t * d1;
-    const float* xs = sparse + qr * d1;
-    for (std::int64_t j = 0; j < nq; ++j) {
-      const float w = p[j * p_stride + t];
-      base[j] += w * vmin;
-      a[j * nqr + qr] = w * vdelta;
-      float* oj = out + j * out_stride;
-      for (std::int64_t e = 0; e < d1; ++e) oj[cols[e]] += w * (xs[e] - vmin);
-    }
-    ++qr;
-  }
+  walk_tokens(
+      b,
+      [&](std::int64_t t0, std::int64_t n, std::int64_t qr0) {
+        for (std::int64_t j = 0; j < nq; ++j) {
+          const float* pj = p + j * p_stride + t0;
+          const float* pr = params + 2 * qr0;
+          float* aj = a + j * nqr + qr0;
+          float s = 0;
+          for (std::int64_t i = 0; i < n; ++i) {
+            aj[i] = pj[i] * pr[2 * i];
+            s += pj[i] * pr[2 * i + 1];
+          }
+          base[j] += s;
+        }
+        for (std::int64_t i = 0; i < n && d1 > 0; ++i) {
+          const std::int32_t* cols = b.mask_indices + (t0 + i) * d1;
+          const float* xs = sparse + (qr0 + i) * d1;
+          const float vmin = params[2 * (qr0 + i) + 1];
+          for (std::int64_t j = 0; j < nq; ++j) {
+            const float w = p[j * p_stride + t0 + i];
+            float* oj = out + j * out_stride;
+            for (std::int64_t e = 0; e < d1; ++e) oj[cols[e]] += w * (xs[e] - vmin);
+          }
+        }
+      },
+      [&](std::int64_t t, std::int64_t kept) {
+        half_accumulate(p + t, nq, p_stride, b.v_kept + kept * d, 1, d, d, out, out_stride);
+      });
   if (nqr > 0) code_accumulate(b.v_codes, nqr, b.row_bytes, b.bits, d, a, nq, nqr, acc, d);
   for (std::int64_t j = 0; j < nq; ++j) {
     float* oj = out + j * out_stride;
     const float* aj = acc + j * d;
-    for (std::int64_t c = 0; c < d; ++c) oj[c] += base[j] + aj[sl.slot(c)];
+    const float bj = base[j];
+    for (std::int64_t i = 0, c = 0; i < sl.run; ++i)
+      for (std::int64_t k = 0; k < sl.per; ++k, ++c) oj[c] += bj + aj[k * sl.run + i];
   }
 }
 

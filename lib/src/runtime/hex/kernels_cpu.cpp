@@ -9,7 +9,9 @@
 #include "runtime/hex/kernels_cpu.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
+#include <limits>
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>  // _pdep_u64 (BMI2: part of the AVX2 and AVX-512 targets)
 #endif
@@ -18,6 +20,9 @@
 #define HWY_TARGET_INCLUDE "runtime/hex/kernels_cpu.cpp"
 #include <hwy/foreach_target.h>  // IWYU pragma: keep
 #include <hwy/highway.h>
+// After highway.h, once per target (kept apart so that include sorting
+// cannot move it above foreach_target.h).
+#include <hwy/contrib/math/math-inl.h>
 
 HWY_BEFORE_NAMESPACE();
 namespace kvcal::runtime::detail {
@@ -65,6 +70,35 @@ void AxpyF(float w, const float* x, float* y, std::int64_t n) {
   std::int64_t i = 0;
   for (; i + N <= n; i += N) hn::StoreU(hn::MulAdd(wv, hn::LoadU(d, x + i), hn::LoadU(d, y + i)), d, y + i);
   for (; i < n; ++i) y[i] += w * x[i];
+}
+
+// Softmax of one row of n scores in place: max, then exp and sum, then scale.
+// Highway's Exp is within 1 ulp of std::exp and flushes arguments below -104
+// to 0 (the weight is then below FLT_MIN anyway).
+void SoftmaxRow(float* r, std::int64_t n) {
+  const DF d;
+  const auto N = static_cast<std::int64_t>(hn::Lanes(d));
+  auto mv = hn::Set(d, -std::numeric_limits<float>::infinity());
+  std::int64_t i = 0;
+  for (; i + N <= n; i += N) mv = hn::Max(mv, hn::LoadU(d, r + i));
+  float m = hn::GetLane(hn::MaxOfLanes(d, mv));
+  for (; i < n; ++i) m = std::max(m, r[i]);
+  const auto mvec = hn::Set(d, m);
+  auto z0 = hn::Zero(d);
+  for (i = 0; i + N <= n; i += N) {
+    const auto e = hn::Exp(d, hn::Sub(hn::LoadU(d, r + i), mvec));
+    hn::StoreU(e, d, r + i);
+    z0 = hn::Add(z0, e);
+  }
+  float z = Sum(d, z0);
+  for (; i < n; ++i) {
+    r[i] = std::exp(r[i] - m);
+    z += r[i];
+  }
+  const float inv = 1.0f / z;
+  const auto iv = hn::Set(d, inv);
+  for (i = 0; i + N <= n; i += N) hn::StoreU(hn::Mul(hn::LoadU(d, r + i), iv), d, r + i);
+  for (; i < n; ++i) r[i] *= inv;
 }
 
 // One fp16 row as floats (row holds dim halves).
@@ -352,6 +386,7 @@ namespace kvcal::runtime::detail {
 HWY_EXPORT(TargetName);
 HWY_EXPORT(DotF);
 HWY_EXPORT(AxpyF);
+HWY_EXPORT(SoftmaxRow);
 HWY_EXPORT(HalfScores);
 HWY_EXPORT(HalfAccumulate);
 HWY_EXPORT(CodeScores);
@@ -378,6 +413,7 @@ const char* kernel_target() { return HWY_DYNAMIC_DISPATCH(TargetName)(); }
 
 float dot(const float* a, const float* b, std::int64_t n) { return HWY_DYNAMIC_DISPATCH(DotF)(a, b, n); }
 void axpy(float w, const float* x, float* y, std::int64_t n) { HWY_DYNAMIC_DISPATCH(AxpyF)(w, x, y, n); }
+void softmax_row(float* r, std::int64_t n) { HWY_DYNAMIC_DISPATCH(SoftmaxRow)(r, n); }
 
 void half_scores(const float* q, std::int64_t nq, std::int64_t q_stride, const half_bits* k, std::int64_t rows,
                  std::int64_t dim, std::int64_t k_stride, float scale, float* out, std::int64_t out_stride) {

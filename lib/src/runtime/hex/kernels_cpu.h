@@ -46,6 +46,8 @@ const char* kernel_target();
 float dot(const float* a, const float* b, std::int64_t n);
 // y[i] += w * x[i].
 void axpy(float w, const float* x, float* y, std::int64_t n);
+// r[i] = exp(r[i] - max r) / sum_j exp(r[j] - max r), in place (n >= 1).
+void softmax_row(float* r, std::int64_t n);
 
 // Scores over fp16 rows: out[j * out_stride + t] = scale * q_j . k_t for
 // t < rows (k_t at k + t * k_stride, dim halves) and j < nq (q_j at q + j * q_stride).
