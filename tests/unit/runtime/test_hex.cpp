@@ -493,14 +493,19 @@ TEST(RuntimeHex, CompressBlockRejectsBadInput) {
 
 // Decode of one block against the dense double reference, on the SIMD target
 // the runtime dispatches to now.
-void check_block_decode() {
+// With dot == int14 the tolerances add the documented fixed-point bounds
+// (hex.h): per score (s/2) (2^b - 1) D with s = max_c |scale q_c delta_c| /
+// 8191, per output channel (s'/2) (2^b - 1) (quantized tokens) with s' =
+// max_t p_t delta_t / 8191 -- computed here from the block's parameters.
+void check_block_decode(HexDot dot = HexDot::float32) {
   std::mt19937_64 rng(0x4e580005);
   const i64 T = 20;
   int cases = 0;
   // 64, 130: the permuted 2- and 4-bit paths (vector loops, and for 130 a
   // scalar tail); 12: permuted for 2 and 4 bits; 10: permuted for 4 bits, not
-  // for 2; 7: never permuted. Query groups of 1, 3, 4 (one pass) and 5 (4 + 1).
-  for (const i64 D : {64, 130, 12, 10, 7})
+  // for 2; 7: never permuted; 128: the integer kernels' main shape (64 has
+  // them too). Query groups of 1, 3, 4 (one pass) and 5 (4 + 1).
+  for (const i64 D : {64, 130, 12, 10, 7, 128})
     for (const int bits : {0, 2, 3, 4})
       for (const i64 nq : {1, 3, 4, 5})
         for (const bool with_mask : {false, true})
@@ -533,16 +538,24 @@ void check_block_decode() {
             const auto q = random_floats(static_cast<std::size_t>(nq * qs), rng);
             const float scale = 1.0f / std::sqrt(static_cast<float>(D));
             std::vector<float> scores(static_cast<std::size_t>(nq * ss), 1234.5f);
-            hex_block_scores(b, q.data(), nq, qs, scale, scores.data(), ss);
+            hex_block_scores(b, q.data(), nq, qs, scale, scores.data(), ss, dot);
+            const bool fixed = dot == HexDot::int14 && bits > 0 && b.quant_rows() > 0;
+            const double top = bits > 0 ? (1 << bits) - 1 : 0;
             for (i64 j = 0; j < nq; ++j) {
-              double qnorm1 = 0;
+              double qnorm1 = 0, wmax = 0;
               for (i64 c = 0; c < D; ++c) qnorm1 += std::fabs(q[static_cast<std::size_t>(j * qs + c)]);
+              if (fixed)
+                for (i64 c = 0; c < D; ++c)
+                  wmax = std::max(wmax, std::fabs(static_cast<double>(scale) * q[static_cast<std::size_t>(j * qs + c)] *
+                                                  hv(b.k_params[c].delta)));
+              const double fixed_tol = fixed ? 1.0001 * wmax / 8191 / 2 * top * static_cast<double>(D) : 0.0;
               for (i64 t = 0; t < T; ++t) {
                 double s = 0;
                 for (i64 c = 0; c < D; ++c)
                   s += static_cast<double>(q[static_cast<std::size_t>(j * qs + c)]) * dd.at_k(t, c);
                 s *= scale;
-                ASSERT_NEAR(scores[static_cast<std::size_t>(j * ss + t)], s, 2e-5 * scale * qnorm1 * kmax + 1e-7)
+                ASSERT_NEAR(scores[static_cast<std::size_t>(j * ss + t)], s,
+                            2e-5 * scale * qnorm1 * kmax + 1e-7 + fixed_tol)
                     << "query " << j << " token " << t;
               }
               for (i64 t = T; t < ss; ++t) EXPECT_EQ(scores[static_cast<std::size_t>(j * ss + t)], 1234.5f);
@@ -555,25 +568,39 @@ void check_block_decode() {
             for (auto& x : p) x = u(rng);
             auto out = random_floats(static_cast<std::size_t>(nq * os), rng);
             const auto out0 = out;
-            hex_block_accumulate(b, p.data(), nq, ps, out.data(), os);
+            hex_block_accumulate(b, p.data(), nq, ps, out.data(), os, dot);
             for (i64 j = 0; j < nq; ++j) {
               double psum = 0;
               for (i64 t = 0; t < T; ++t) psum += p[static_cast<std::size_t>(j * ps + t)];
+              double amax = 0;
+              if (fixed) {
+                const auto kept = kept_list(b);
+                i64 qr = 0;
+                for (i64 t = 0; t < T; ++t) {
+                  if (std::find(kept.begin(), kept.end(), t) != kept.end()) continue;
+                  amax = std::max(
+                      amax, static_cast<double>(p[static_cast<std::size_t>(j * ps + t)]) * hv(b.v_params[qr].delta));
+                  ++qr;
+                }
+              }
+              const double fixed_vtol =
+                  fixed ? 1.0001 * amax / 8191 / 2 * top * static_cast<double>(b.quant_rows()) : 0.0;
               for (i64 c = 0; c < D; ++c) {
                 double r = out0[static_cast<std::size_t>(j * os + c)];
                 for (i64 t = 0; t < T; ++t)
                   r += static_cast<double>(p[static_cast<std::size_t>(j * ps + t)]) * dd.at_v(t, c);
-                ASSERT_NEAR(out[static_cast<std::size_t>(j * os + c)], r, 2e-5 * (psum * vmax + 1) + 1e-7)
+                ASSERT_NEAR(out[static_cast<std::size_t>(j * os + c)], r, 2e-5 * (psum * vmax + 1) + 1e-7 + fixed_vtol)
                     << "query " << j << " channel " << c;
               }
               EXPECT_EQ(out[static_cast<std::size_t>(j * os + D)], out0[static_cast<std::size_t>(j * os + D)]);
             }
             ++cases;
           }
-  EXPECT_EQ(cases, 5 * 4 * 4 * 2 * 2);
+  EXPECT_EQ(cases, 6 * 4 * 4 * 2 * 2);
 }
 
 TEST(RuntimeHex, BlockScoresAndAccumulateMatchDense) { check_block_decode(); }
+TEST(RuntimeHex, BlockDecodeInt14WithinItsBound) { check_block_decode(HexDot::int14); }
 
 // Every SIMD target compiled in and supported by this CPU, forced in turn.
 TEST(RuntimeHex, BlockDecodeOnEverySimdTarget) {
@@ -584,6 +611,7 @@ TEST(RuntimeHex, BlockDecodeOnEverySimdTarget) {
     SCOPED_TRACE(std::string("target ") + hwy::TargetName(target));
     EXPECT_EQ(simd_target(), hwy::TargetName(target));  // the runtime really dispatches there
     check_block_decode();
+    check_block_decode(HexDot::int14);
   }
   hwy::SetSupportedTargetsForTest(0);  // back to the host's best
   EXPECT_EQ(simd_target(), hwy::TargetName(targets.front()));

@@ -38,6 +38,21 @@ namespace kvcal::runtime {
 
 enum class HexMode { append, full };
 
+// How decode multiplies a block's codes: by the query's weights q_c delta_c
+// (scores) and by the attention weights p_t delta_t (values).
+// - float32: in float, code by code (the reference).
+// - int14: per block and query, each set of weights is rounded to 14-bit
+//   fixed point, w ~ s * v with s = max|w| / 8191 and integer |v| <= 8191,
+//   and the products with the codes run on integer units (VNNI, PMADDUBSW,
+//   or their portable equivalent) exactly. A score moves by at most
+//   (s / 2) * sum_c code_c <= (s / 2) * (2^bits - 1) * head_dim from the
+//   float32 path, an output channel by at most (s / 2) * (2^bits - 1) *
+//   (quantized tokens) per block (bounds checked in the tests; kvcal
+//   eval-fidelity --dot int14 shows the effect on attention). Rows whose
+//   layout has no integer kernel (3 bits; head dims not a multiple of 32 at
+//   4 bits or 64 at 2 bits) use float32.
+enum class HexDot { float32, int14 };
+
 struct HexOptions {
   std::int64_t block = 96;  // n_b
   int bits = 4;             // 2, 3 or 4; 0 = no quantization (everything fp16)
@@ -48,6 +63,7 @@ struct HexOptions {
   std::int64_t recent_window = 8;
   double sparsity = 1.0 / 32;  // expander mask: ones per row / head_dim
   HexMode mode = HexMode::append;
+  HexDot dot = HexDot::float32;
 };
 
 // The options of a named method: "fp16", "kcvt2|3|4", "h2o2|3|4",
@@ -117,10 +133,12 @@ KVCAL_RUNTIME_API void hex_dequantize_block(const HexBlockView& b, float* k, flo
 // q + j * q_stride, head_dim floats) over the block's tokens, computed on the
 // codes without materialising the keys.
 KVCAL_RUNTIME_API void hex_block_scores(const HexBlockView& b, const float* q, std::int64_t nq, std::int64_t q_stride,
-                                        float scale, float* scores, std::int64_t score_stride);
+                                        float scale, float* scores, std::int64_t score_stride,
+                                        HexDot dot = HexDot::float32);
 // out_j += sum_t p[j * p_stride + t] * v_t, out_j at out + j * out_stride.
 KVCAL_RUNTIME_API void hex_block_accumulate(const HexBlockView& b, const float* p, std::int64_t nq,
-                                            std::int64_t p_stride, float* out, std::int64_t out_stride);
+                                            std::int64_t p_stride, float* out, std::int64_t out_stride,
+                                            HexDot dot = HexDot::float32);
 
 // Plain attention over fp16 keys/values [tokens][head_dim] (row stride
 // token_stride halves) for nq queries: out_j = softmax(scale q_j K^T) V.

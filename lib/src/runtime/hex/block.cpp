@@ -211,8 +211,11 @@ namespace {
 
 // Per-thread scratch of the decode paths (no allocation per block).
 struct Scratch {
-  std::vector<float> qd, bias, kmin, params, sparse, qs, acc, base, a, corr;
-  static float* get(std::vector<float>& v, std::int64_t n) {
+  std::vector<float> qd, bias, kmin, params, sparse, qs, acc, base, a, corr, ws;
+  std::vector<std::int8_t> w8;
+  std::vector<std::int32_t> qi;
+  template <class T>
+  static T* get(std::vector<T>& v, std::int64_t n) {
     if (static_cast<std::int64_t>(v.size()) < n) v.resize(static_cast<std::size_t>(n));
     return v.data();
   }
@@ -239,7 +242,7 @@ void walk_tokens(const HexBlockView& b, Quant f, Kept g) {
 // Scores: the packed rows through code_scores (one pass for the whole query
 // group), then per token the bias q . min and the expander corrections.
 void hex_block_scores(const HexBlockView& b, const float* q, std::int64_t nq, std::int64_t q_stride, float scale,
-                      float* scores, std::int64_t s_stride) {
+                      float* scores, std::int64_t s_stride, HexDot dot) {
   const std::int64_t d = b.head_dim, d1 = b.mask_degree, nqr = b.quant_rows();
   if (b.bits == 0) {
     half_scores(q, nq, q_stride, b.k_kept, b.tokens, d, d, scale, scores, s_stride);
@@ -264,10 +267,21 @@ void hex_block_scores(const HexBlockView& b, const float* q, std::int64_t nq, st
       // Channel c = i * per + k sits in slot k * run + i.
       for (std::int64_t i = 0, c = 0; i < sl.run; ++i)
         for (std::int64_t k = 0; k < sl.per; ++k, ++c) qdj[k * sl.run + i] = scale * qj[c] * params[2 * c];
-      bias[j] = scale * dot(qj, kmin, d);
+      bias[j] = scale * detail::dot(qj, kmin, d);
     }
     if (d1 > 0) halves_to_floats(b.k_sparse, nqr * d1, sparse);
-    code_scores(b.k_codes, nqr, b.row_bytes, b.bits, d, qd, nq, d, qs, nqr);
+    if (dot == HexDot::int14 && int_dot_layout(b.bits, d)) {
+      // Fixed-point weights per query, integer dot products, one scaling.
+      std::int8_t* w8 = Scratch::get(sc.w8, nq * 2 * d);
+      std::int32_t* qi = Scratch::get(sc.qi, nq * nqr);
+      float* ws = Scratch::get(sc.ws, nq);
+      for (std::int64_t j = 0; j < nq; ++j) ws[j] = quantize_weights14(qd + j * d, d, w8 + j * 2 * d);
+      code_scores_int(b.k_codes, nqr, b.row_bytes, b.bits, d, w8, nq, 2 * d, qi, nqr);
+      for (std::int64_t j = 0; j < nq; ++j)
+        for (std::int64_t r = 0; r < nqr; ++r) qs[j * nqr + r] = ws[j] * static_cast<float>(qi[j * nqr + r]);
+    } else {
+      code_scores(b.k_codes, nqr, b.row_bytes, b.bits, d, qd, nq, d, qs, nqr);
+    }
   }
   // Expander entries (code 0): the stored value x replaces min_c, so a
   // token's score gains sum_e scale q_c (x_e - min_c): with qk = scale q and
@@ -310,7 +324,7 @@ void hex_block_scores(const HexBlockView& b, const float* q, std::int64_t nq, st
 // bias sum p_t * min_t and the expander corrections; then code_accumulate
 // over all packed rows at once.
 void hex_block_accumulate(const HexBlockView& b, const float* p, std::int64_t nq, std::int64_t p_stride, float* out,
-                          std::int64_t out_stride) {
+                          std::int64_t out_stride, HexDot dot) {
   const std::int64_t d = b.head_dim, d1 = b.mask_degree, nqr = b.quant_rows();
   if (b.bits == 0) {
     half_accumulate(p, nq, p_stride, b.v_kept, b.tokens, d, d, out, out_stride);
@@ -355,7 +369,18 @@ void hex_block_accumulate(const HexBlockView& b, const float* p, std::int64_t nq
       [&](std::int64_t t, std::int64_t kept) {
         half_accumulate(p + t, nq, p_stride, b.v_kept + kept * d, 1, d, d, out, out_stride);
       });
-  if (nqr > 0) code_accumulate(b.v_codes, nqr, b.row_bytes, b.bits, d, a, nq, nqr, acc, d);
+  if (nqr > 0 && dot == HexDot::int14 && int_dot_layout(b.bits, d)) {
+    std::int8_t* w8 = Scratch::get(sc.w8, nq * 2 * nqr);
+    std::int32_t* ai = Scratch::get(sc.qi, nq * d);
+    float* ws = Scratch::get(sc.ws, nq);
+    for (std::int64_t j = 0; j < nq; ++j) ws[j] = quantize_weights14(a + j * nqr, nqr, w8 + j * 2 * nqr);
+    std::fill(ai, ai + nq * d, 0);
+    code_accumulate_int(b.v_codes, nqr, b.row_bytes, b.bits, d, w8, nq, 2 * nqr, ai, d);
+    for (std::int64_t j = 0; j < nq; ++j)
+      for (std::int64_t c = 0; c < d; ++c) acc[j * d + c] = ws[j] * static_cast<float>(ai[j * d + c]);
+  } else if (nqr > 0) {
+    code_accumulate(b.v_codes, nqr, b.row_bytes, b.bits, d, a, nq, nqr, acc, d);
+  }
   for (std::int64_t j = 0; j < nq; ++j) {
     float* oj = out + j * out_stride;
     const float* aj = acc + j * d;

@@ -254,7 +254,7 @@ void HexLayerCache::attend_head(const Impl& m, std::int64_t h, const float* q, s
     }
     std::int64_t pos = 0;
     for (const HexBlock& b : hd.blocks) {
-      hex_block_scores(b.view(), qh, group, d, scale, p + pos, S);
+      hex_block_scores(b.view(), qh, group, d, scale, p + pos, S, m.opt.dot);
       pos += b.tokens;
     }
     const std::int64_t off = m.residual_offset();
@@ -263,7 +263,7 @@ void HexLayerCache::attend_head(const Impl& m, std::int64_t h, const float* q, s
     for (std::int64_t j = 0; j < group; ++j) std::fill(oh + j * d, oh + (j + 1) * d, 0.0f);
     pos = 0;
     for (const HexBlock& b : hd.blocks) {
-      hex_block_accumulate(b.view(), p + pos, group, S, oh, d);
+      hex_block_accumulate(b.view(), p + pos, group, S, oh, d, m.opt.dot);
       pos += b.tokens;
     }
     half_accumulate(p + pos, group, S, hd.res_v.data() + off * d, S - pos, d, d, oh, d);

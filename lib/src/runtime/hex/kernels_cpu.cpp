@@ -44,7 +44,7 @@ using DH = hn::Rebind<hwy::float16_t, DF>;
 
 // Rows ahead whose codes are requested early: a block's codes are a few
 // kilobytes, too short for the hardware prefetcher to ramp up on by itself.
-constexpr std::int64_t kPrefetchRows = 6;
+constexpr std::int64_t kPrefetchRows = 16;
 
 HWY_INLINE float Sum(DF d, hn::Vec<DF> v) { return hn::GetLane(hn::SumOfLanes(d, v)); }
 
@@ -374,6 +374,386 @@ void CodeAccumulate(const std::uint8_t* codes, std::int64_t rows, std::int64_t r
   }
 }
 
+// ---------------------------------------------------------------- integer dot
+
+// acc[l] += sum_{i < 4} a[4l + i] * b[4l + i], a unsigned and b signed
+// bytes (VPDPBUSD's contract). Every target computes the same exact int32
+// sums, provided each pair a[2m] b[2m] + a[2m+1] b[2m+1] fits in int16
+// (true for 4-bit codes times int8 weights).
+#if HWY_TARGET != HWY_SCALAR
+#if HWY_TARGET == HWY_AVX3_DL
+// VPDPBUSD (AVX512-VNNI, part of what Highway requires for AVX3_DL). Its
+// compiler option is not in Highway 1.0.3's AVX3_DL attribute list, and
+// adding it per function breaks the per-target passes, so the instruction
+// is written directly (EVEX form, also for 256 and 128 bits).
+HWY_INLINE __m512i DotBytesRaw(__m512i acc, __m512i a, __m512i b) {
+  asm("vpdpbusd %2, %1, %0" : "+v"(acc) : "v"(a), "v"(b));
+  return acc;
+}
+HWY_INLINE __m256i DotBytesRaw(__m256i acc, __m256i a, __m256i b) {
+  asm("%{evex%} vpdpbusd %2, %1, %0" : "+v"(acc) : "v"(a), "v"(b));
+  return acc;
+}
+HWY_INLINE __m128i DotBytesRaw(__m128i acc, __m128i a, __m128i b) {
+  asm("%{evex%} vpdpbusd %2, %1, %0" : "+v"(acc) : "v"(a), "v"(b));
+  return acc;
+}
+#elif HWY_ARCH_X86
+// Pairs to int16 (PMADDUBSW), then pairs of those to int32 (PMADDWD by 1).
+#if HWY_TARGET <= HWY_AVX3
+HWY_INLINE __m512i DotBytesRaw(__m512i acc, __m512i a, __m512i b) {
+  return _mm512_add_epi32(acc, _mm512_madd_epi16(_mm512_maddubs_epi16(a, b), _mm512_set1_epi16(1)));
+}
+#endif
+#if HWY_TARGET <= HWY_AVX2
+HWY_INLINE __m256i DotBytesRaw(__m256i acc, __m256i a, __m256i b) {
+  return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(a, b), _mm256_set1_epi16(1)));
+}
+#endif
+HWY_INLINE __m128i DotBytesRaw(__m128i acc, __m128i a, __m128i b) {
+  return _mm_add_epi32(acc, _mm_madd_epi16(_mm_maddubs_epi16(a, b), _mm_set1_epi16(1)));
+}
+#endif
+
+template <class D8>
+HWY_INLINE hn::Vec<hn::Repartition<std::int32_t, D8>> DotBytes(D8 d8, hn::Vec<D8> a,
+                                                               hn::Vec<hn::Repartition<std::int8_t, D8>> b,
+                                                               hn::Vec<hn::Repartition<std::int32_t, D8>> acc) {
+#if HWY_ARCH_X86
+  (void)d8;
+  return decltype(acc){DotBytesRaw(acc.raw, a.raw, b.raw)};
+#else
+  // Portable: split bytes into even and odd int16 lanes, multiply, add the
+  // pairs, then split the int16 sums into even and odd int32 lanes.
+  const hn::Repartition<std::uint16_t, D8> du16;
+  const hn::Repartition<std::int16_t, D8> d16;
+  const hn::Repartition<std::int32_t, D8> d32;
+  const auto a16 = hn::BitCast(du16, a);
+  const auto a_even = hn::BitCast(d16, hn::And(a16, hn::Set(du16, 0xff)));
+  const auto a_odd = hn::BitCast(d16, hn::ShiftRight<8>(a16));
+  const auto b16 = hn::BitCast(d16, b);
+  const auto b_even = hn::ShiftRight<8>(hn::ShiftLeft<8>(b16));  // arithmetic: sign-extends
+  const auto b_odd = hn::ShiftRight<8>(b16);
+  const auto p = hn::BitCast(d32, hn::Add(hn::Mul(a_even, b_even), hn::Mul(a_odd, b_odd)));
+  return hn::Add(acc, hn::Add(hn::ShiftRight<16>(hn::ShiftLeft<16>(p)), hn::ShiftRight<16>(p)));
+#endif
+}
+
+// Codes of phase k (bits [k * kBits, (k + 1) * kBits) of each byte; the
+// 16-bit shift brings in bits of the next byte, which the mask clears).
+template <int kBits, int k, class D8>
+HWY_INLINE hn::Vec<D8> PhaseBytes(D8 d8, hn::Vec<D8> b) {
+  const hn::Repartition<std::uint16_t, D8> du16;
+  const auto mask = hn::Set(d8, static_cast<std::uint8_t>((1u << kBits) - 1u));
+  if constexpr (k == 0) return hn::And(b, mask);
+  return hn::And(hn::BitCast(d8, hn::ShiftRight<k * kBits>(hn::BitCast(du16, b))), mask);
+}
+
+// Sums of the lanes of four int32 vectors at once (rows r0..r3 of one
+// query): two rounds of interleaving leave row (lane mod 4) in every lane
+// -- with either meaning of InterleaveLower (per 128-bit block on x86 and
+// NEON, whole vector on SVE) -- and the lanes of each row are then added.
+template <class D32>
+HWY_INLINE void SumOfLanes4(D32 d32, hn::Vec<D32> t0, hn::Vec<D32> t1, hn::Vec<D32> t2, hn::Vec<D32> t3,
+                            std::int32_t* out4) {
+  const hn::Repartition<std::uint64_t, D32> d64;
+  const auto x01 = hn::Add(hn::InterleaveLower(d32, t0, t1), hn::InterleaveUpper(d32, t0, t1));
+  const auto x23 = hn::Add(hn::InterleaveLower(d32, t2, t3), hn::InterleaveUpper(d32, t2, t3));
+  const auto a = hn::BitCast(d64, x01), b = hn::BitCast(d64, x23);
+  // (Added as int32 lanes: a 64-bit add would carry between rows.)
+  const auto y =
+      hn::Add(hn::BitCast(d32, hn::InterleaveLower(d64, a, b)), hn::BitCast(d32, hn::InterleaveUpper(d64, a, b)));
+  HWY_ALIGN std::int32_t lanes[hn::MaxLanes(d32)];
+  hn::Store(y, d32, lanes);
+  const auto n = static_cast<std::int64_t>(hn::Lanes(d32));
+  std::int32_t s[4] = {0, 0, 0, 0};
+  for (std::int64_t l = 0; l < n; ++l) s[l & 3] += lanes[l];
+  for (int r = 0; r < 4; ++r) out4[r] = s[r];
+}
+
+// Integer scores of kQ queries over phase-split rows: out[j][r] = sum over
+// slots of (128 hi_j + lo_j)[slot] * code_r(slot), w8 + j * w8_stride holding
+// hi (dim int8 in slot order) then lo (dim int8). run % Lanes(d8) == 0.
+// Rows go four at a time: each row's per-query lane sums are parked in a
+// small buffer and the four are reduced together.
+template <int kPer, int kQ, class D8>
+void ScoresInt(D8 d8, const std::uint8_t* codes, std::int64_t rows, std::int64_t row_bytes, std::int64_t run,
+               std::int64_t dim, const std::int8_t* w8, std::int64_t w8_stride, std::int32_t* out,
+               std::int64_t out_stride) {
+  constexpr int kBits = 8 / kPer;
+  const hn::Repartition<std::int8_t, D8> di8;
+  const hn::Repartition<std::int32_t, D8> d32;
+  const auto N = static_cast<std::int64_t>(hn::Lanes(d8));
+  const auto N32 = static_cast<std::int64_t>(hn::Lanes(d32));
+  HWY_ALIGN std::int32_t park[4 * kQ * hn::MaxLanes(d32)];
+  for (std::int64_t r0 = 0; r0 < rows; r0 += 4) {
+    for (std::int64_t rr = 0; rr < 4; ++rr) {
+      const std::int64_t r = r0 + rr;
+      if (r >= rows) {
+        for (int j = 0; j < kQ; ++j) hn::Store(hn::Zero(d32), d32, park + (rr * kQ + j) * N32);
+        continue;
+      }
+      const std::uint8_t* row = codes + r * row_bytes;
+      __builtin_prefetch(row + kPrefetchRows * row_bytes, 0, 3);
+      auto h0 = hn::Zero(d32), h1 = h0, h2 = h0, h3 = h0, l0 = h0, l1 = h0, l2 = h0, l3 = h0;
+      for (std::int64_t i = 0; i < run; i += N) {
+        const auto b = hn::LoadU(d8, row + i);
+        const auto step = [&](auto c, std::int64_t off) {
+          const auto dq = [&](int j, auto& h, auto& l) {
+            const std::int8_t* wj = w8 + j * w8_stride + off + i;
+            h = DotBytes(d8, c, hn::LoadU(di8, wj), h);
+            l = DotBytes(d8, c, hn::LoadU(di8, wj + dim), l);
+          };
+          dq(0, h0, l0);
+          if constexpr (kQ > 1) dq(1, h1, l1);
+          if constexpr (kQ > 2) dq(2, h2, l2);
+          if constexpr (kQ > 3) dq(3, h3, l3);
+        };
+        step(PhaseBytes<kBits, 0>(d8, b), 0);
+        if constexpr (kPer >= 2) step(PhaseBytes<kBits, 1>(d8, b), run);
+        if constexpr (kPer == 4) {
+          step(PhaseBytes<kBits, 2>(d8, b), 2 * run);
+          step(PhaseBytes<kBits, 3>(d8, b), 3 * run);
+        }
+      }
+      std::int32_t* pk = park + rr * kQ * N32;
+      hn::Store(hn::Add(hn::ShiftLeft<7>(h0), l0), d32, pk);
+      if constexpr (kQ > 1) hn::Store(hn::Add(hn::ShiftLeft<7>(h1), l1), d32, pk + N32);
+      if constexpr (kQ > 2) hn::Store(hn::Add(hn::ShiftLeft<7>(h2), l2), d32, pk + 2 * N32);
+      if constexpr (kQ > 3) hn::Store(hn::Add(hn::ShiftLeft<7>(h3), l3), d32, pk + 3 * N32);
+    }
+    for (int j = 0; j < kQ; ++j) {
+      std::int32_t t[4];
+      SumOfLanes4(d32, hn::Load(d32, park + j * N32), hn::Load(d32, park + (kQ + j) * N32),
+                  hn::Load(d32, park + (2 * kQ + j) * N32), hn::Load(d32, park + (3 * kQ + j) * N32), t);
+      for (std::int64_t rr = 0; rr < 4 && r0 + rr < rows; ++rr) out[j * out_stride + r0 + rr] = t[rr];
+    }
+  }
+}
+
+// Integer value accumulation over phase-split rows for one query:
+//   acc[slot] += sum_r (128 hi[r] + lo[r]) * code_r(slot)
+// (w8 holds hi for every row, then lo). Four rows at a time, their bytes are
+// transposed in registers (two rounds of interleaving) so that each int32
+// lane holds one byte position of the four rows, which one VPDPBUSD (or its
+// equivalent) multiplies by the four rows' weights. perm[m * N32 + l] is the
+// byte position lane l of transposed vector m holds (found once per call by
+// transposing rows of position numbers). kM of the four transposed vectors
+// are handled per pass over the rows, to bound the accumulators in flight.
+template <int kPer, int kM, class D8>
+void AccumulateInt(D8 d8, const std::uint8_t* codes, std::int64_t rows, std::int64_t row_bytes, std::int64_t run,
+                   const std::int8_t* w8, std::int32_t* acc) {
+  constexpr int kBits = 8 / kPer;
+  const hn::Repartition<std::uint16_t, D8> d16;
+  const hn::Repartition<std::int32_t, D8> d32;
+  const hn::Repartition<std::int8_t, D8> di8;
+  const auto N = static_cast<std::int64_t>(hn::Lanes(d8));
+  const auto N32 = static_cast<std::int64_t>(hn::Lanes(d32));
+  // The four transposed vectors of rows a..d (m = 0..3).
+  const auto transpose = [&](auto a, auto b, auto c, auto d, int m) {
+    const auto ab = BitCast(d16, (m < 2) ? hn::InterleaveLower(d8, a, b) : hn::InterleaveUpper(d8, a, b));
+    const auto cd = BitCast(d16, (m < 2) ? hn::InterleaveLower(d8, c, d) : hn::InterleaveUpper(d8, c, d));
+    return hn::BitCast(d8, (m % 2 == 0) ? hn::InterleaveLower(d16, ab, cd) : hn::InterleaveUpper(d16, ab, cd));
+  };
+  HWY_ALIGN std::uint8_t pos[hn::MaxLanes(d8)];
+  HWY_ALIGN std::uint8_t tp[hn::MaxLanes(d8)];
+  std::int64_t perm[4 * hn::MaxLanes(d32)];
+  for (std::int64_t l = 0; l < N; ++l) pos[l] = static_cast<std::uint8_t>(l);
+  {
+    const auto p = hn::Load(d8, pos);
+    for (int m = 0; m < 4; ++m) {
+      hn::Store(transpose(p, p, p, p, m), d8, tp);
+      for (std::int64_t l = 0; l < N32; ++l) perm[m * N32 + l] = tp[4 * l];
+    }
+  }
+  // A zero-padded group for the last rows (rows % 4), weights 0.
+  HWY_ALIGN std::uint8_t pad[4 * hn::MaxLanes(d8)];
+  const std::int8_t* hi = w8;
+  const std::int8_t* lo = w8 + rows;
+  const auto weights4 = [&](const std::int8_t* w, std::int64_t r) {
+    std::uint32_t x = 0;
+    for (std::int64_t k = 0; k < 4; ++k)
+      if (r + k < rows) x |= static_cast<std::uint32_t>(static_cast<std::uint8_t>(w[r + k])) << (8 * k);
+    return hn::BitCast(di8, hn::Set(d32, static_cast<std::int32_t>(x)));
+  };
+  HWY_ALIGN std::int32_t lanes[hn::MaxLanes(d32)];
+  for (std::int64_t i = 0; i < run; i += N) {
+    for (int m0 = 0; m0 < 4; m0 += kM) {
+      // Accumulators: phase k, transposed vector m0 + mm, limb.
+      auto a00 = hn::Zero(d32), a01 = a00, a02 = a00, a03 = a00, a10 = a00, a11 = a00, a12 = a00, a13 = a00;
+      auto b00 = a00, b01 = a00, b02 = a00, b03 = a00, b10 = a00, b11 = a00, b12 = a00, b13 = a00;
+      for (std::int64_t r = 0; r < rows; r += 4) {
+        const std::uint8_t* base = codes + r * row_bytes + i;
+        std::int64_t stride = row_bytes;
+        if (r + 4 > rows) {  // copy the last rows next to zero rows
+          std::memset(pad, 0, sizeof(pad));
+          for (std::int64_t k = 0; r + k < rows; ++k) std::memcpy(pad + k * N, base + k * row_bytes, N);
+          base = pad;
+          stride = N;
+        }
+        const auto r0 = hn::LoadU(d8, base), r1 = hn::LoadU(d8, base + stride);
+        const auto r2 = hn::LoadU(d8, base + 2 * stride), r3 = hn::LoadU(d8, base + 3 * stride);
+        const auto wh = weights4(hi, r), wl = weights4(lo, r);
+        const auto one = [&](int mm, auto& h0, auto& h1, auto& h2, auto& h3, auto& l0, auto& l1, auto& l2, auto& l3) {
+          const auto t = transpose(r0, r1, r2, r3, m0 + mm);
+          const auto ph = [&](auto c, auto& h, auto& l) {
+            h = DotBytes(d8, c, wh, h);
+            l = DotBytes(d8, c, wl, l);
+          };
+          ph(PhaseBytes<kBits, 0>(d8, t), h0, l0);
+          if constexpr (kPer >= 2) ph(PhaseBytes<kBits, 1>(d8, t), h1, l1);
+          if constexpr (kPer == 4) {
+            ph(PhaseBytes<kBits, 2>(d8, t), h2, l2);
+            ph(PhaseBytes<kBits, 3>(d8, t), h3, l3);
+          }
+        };
+        one(0, a00, a01, a02, a03, b00, b01, b02, b03);
+        if constexpr (kM > 1) one(1, a10, a11, a12, a13, b10, b11, b12, b13);
+      }
+      const auto flush = [&](int mm, int k, auto h, auto l) {
+        hn::Store(hn::Add(hn::ShiftLeft<7>(h), l), d32, lanes);
+        const std::int64_t* pm = perm + (m0 + mm) * N32;
+        std::int32_t* ak = acc + k * run + i;
+        for (std::int64_t x = 0; x < N32; ++x) ak[pm[x]] += lanes[x];
+      };
+      flush(0, 0, a00, b00);
+      if constexpr (kPer >= 2) flush(0, 1, a01, b01);
+      if constexpr (kPer == 4) flush(0, 2, a02, b02), flush(0, 3, a03, b03);
+      if constexpr (kM > 1) {
+        flush(1, 0, a10, b10);
+        if constexpr (kPer >= 2) flush(1, 1, a11, b11);
+        if constexpr (kPer == 4) flush(1, 2, a12, b12), flush(1, 3, a13, b13);
+      }
+    }
+  }
+}
+
+template <class D8>
+void AccumulateIntPer(D8 d8, int per, const std::uint8_t* codes, std::int64_t rows, std::int64_t row_bytes,
+                      std::int64_t run, const std::int8_t* w8, std::int64_t nq, std::int64_t w8_stride,
+                      std::int32_t* acc, std::int64_t acc_stride) {
+  for (std::int64_t j = 0; j < nq; ++j) {
+    if (per == 2)
+      AccumulateInt<2, 2>(d8, codes, rows, row_bytes, run, w8 + j * w8_stride, acc + j * acc_stride);
+    else
+      AccumulateInt<4, 2>(d8, codes, rows, row_bytes, run, w8 + j * w8_stride, acc + j * acc_stride);
+  }
+}
+
+template <int kPer, class D8>
+void ScoresIntGroups(D8 d8, const std::uint8_t* codes, std::int64_t rows, std::int64_t row_bytes, std::int64_t run,
+                     std::int64_t dim, const std::int8_t* w8, std::int64_t nq, std::int64_t w8_stride,
+                     std::int32_t* out, std::int64_t out_stride) {
+  for (std::int64_t j = 0; j < nq; j += 4) {
+    const std::int8_t* wj = w8 + j * w8_stride;
+    std::int32_t* oj = out + j * out_stride;
+    switch (std::min<std::int64_t>(4, nq - j)) {
+      case 1:
+        ScoresInt<kPer, 1>(d8, codes, rows, row_bytes, run, dim, wj, w8_stride, oj, out_stride);
+        break;
+      case 2:
+        ScoresInt<kPer, 2>(d8, codes, rows, row_bytes, run, dim, wj, w8_stride, oj, out_stride);
+        break;
+      case 3:
+        ScoresInt<kPer, 3>(d8, codes, rows, row_bytes, run, dim, wj, w8_stride, oj, out_stride);
+        break;
+      default:
+        ScoresInt<kPer, 4>(d8, codes, rows, row_bytes, run, dim, wj, w8_stride, oj, out_stride);
+        break;
+    }
+  }
+}
+
+template <class D8>
+void ScoresIntPer(D8 d8, int per, const std::uint8_t* codes, std::int64_t rows, std::int64_t row_bytes,
+                  std::int64_t run, std::int64_t dim, const std::int8_t* w8, std::int64_t nq, std::int64_t w8_stride,
+                  std::int32_t* out, std::int64_t out_stride) {
+  if (per == 2)
+    ScoresIntGroups<2>(d8, codes, rows, row_bytes, run, dim, w8, nq, w8_stride, out, out_stride);
+  else
+    ScoresIntGroups<4>(d8, codes, rows, row_bytes, run, dim, w8, nq, w8_stride, out, out_stride);
+}
+#endif  // HWY_TARGET != HWY_SCALAR
+
+void CodeScoresInt(const std::uint8_t* codes, std::int64_t rows, std::int64_t row_bytes, int bits, std::int64_t dim,
+                   const std::int8_t* w8, std::int64_t nq, std::int64_t w8_stride, std::int32_t* out,
+                   std::int64_t out_stride) {
+  const Slots sl(bits, dim);
+#if HWY_TARGET != HWY_SCALAR
+  const int per = static_cast<int>(sl.per);
+  // The widest vector of bytes that divides a run (runs are multiples of 16).
+  const hn::ScalableTag<std::uint8_t> d8;
+  if (sl.run % static_cast<std::int64_t>(hn::Lanes(d8)) == 0)
+    return ScoresIntPer(d8, per, codes, rows, row_bytes, sl.run, dim, w8, nq, w8_stride, out, out_stride);
+#if HWY_TARGET != HWY_SVE && HWY_TARGET != HWY_SVE2 && HWY_TARGET != HWY_SVE_256 && HWY_TARGET != HWY_SVE2_128
+  const hn::CappedTag<std::uint8_t, 32> d32b;
+  if (sl.run % static_cast<std::int64_t>(hn::Lanes(d32b)) == 0)
+    return ScoresIntPer(d32b, per, codes, rows, row_bytes, sl.run, dim, w8, nq, w8_stride, out, out_stride);
+  const hn::CappedTag<std::uint8_t, 16> d16b;
+  if (sl.run % static_cast<std::int64_t>(hn::Lanes(d16b)) == 0)
+    return ScoresIntPer(d16b, per, codes, rows, row_bytes, sl.run, dim, w8, nq, w8_stride, out, out_stride);
+#endif
+#endif
+  code_scores_int_reference(codes, rows, row_bytes, bits, dim, w8, nq, w8_stride, out, out_stride);
+}
+
+void CodeAccumulateInt(const std::uint8_t* codes, std::int64_t rows, std::int64_t row_bytes, int bits, std::int64_t dim,
+                       const std::int8_t* w8, std::int64_t nq, std::int64_t w8_stride, std::int32_t* acc,
+                       std::int64_t acc_stride) {
+  const Slots sl(bits, dim);
+#if HWY_TARGET != HWY_SCALAR
+  const int per = static_cast<int>(sl.per);
+  const hn::ScalableTag<std::uint8_t> d8;
+  if (sl.run % static_cast<std::int64_t>(hn::Lanes(d8)) == 0)
+    return AccumulateIntPer(d8, per, codes, rows, row_bytes, sl.run, w8, nq, w8_stride, acc, acc_stride);
+#if HWY_TARGET != HWY_SVE && HWY_TARGET != HWY_SVE2 && HWY_TARGET != HWY_SVE_256 && HWY_TARGET != HWY_SVE2_128
+  const hn::CappedTag<std::uint8_t, 32> d32b;
+  if (sl.run % static_cast<std::int64_t>(hn::Lanes(d32b)) == 0)
+    return AccumulateIntPer(d32b, per, codes, rows, row_bytes, sl.run, w8, nq, w8_stride, acc, acc_stride);
+  const hn::CappedTag<std::uint8_t, 16> d16b;
+  if (sl.run % static_cast<std::int64_t>(hn::Lanes(d16b)) == 0)
+    return AccumulateIntPer(d16b, per, codes, rows, row_bytes, sl.run, w8, nq, w8_stride, acc, acc_stride);
+#endif
+#endif
+  code_accumulate_int_reference(codes, rows, row_bytes, bits, dim, w8, nq, w8_stride, acc, acc_stride);
+}
+
+// 14-bit fixed point of n weights (see quantize_weights14): NearestInt
+// rounds half to even on every target, like the scalar lrint.
+float QuantizeWeights14(const float* w, std::int64_t n, std::int8_t* limbs) {
+  const DF df;
+  const DI di;
+  const auto N = static_cast<std::int64_t>(hn::Lanes(df));
+  auto mv = hn::Zero(df);
+  std::int64_t i = 0;
+  for (; i + N <= n; i += N) mv = hn::Max(mv, hn::Abs(hn::LoadU(df, w + i)));
+  float m = hn::GetLane(hn::MaxOfLanes(df, mv));
+  for (; i < n; ++i) m = std::max(m, std::fabs(w[i]));
+  if (!(m > 0.0f)) {
+    std::fill(limbs, limbs + 2 * n, std::int8_t{0});
+    return 0.0f;
+  }
+  const float inv = 8191.0f / m;
+  const auto iv = hn::Set(df, inv);
+  const auto top = hn::Set(di, 8191), bottom = hn::Set(di, -8191), low7 = hn::Set(di, 127);
+  HWY_ALIGN std::int32_t hv[hn::MaxLanes(di)], lv[hn::MaxLanes(di)];
+  for (i = 0; i + N <= n; i += N) {
+    const auto v = hn::Min(hn::Max(hn::NearestInt(hn::Mul(hn::LoadU(df, w + i), iv)), bottom), top);
+    hn::Store(hn::ShiftRight<7>(v), di, hv);  // arithmetic: floor(v / 128)
+    hn::Store(hn::And(v, low7), di, lv);      // v - 128 floor(v / 128)
+    for (std::int64_t l = 0; l < N; ++l) {
+      limbs[i + l] = static_cast<std::int8_t>(hv[l]);
+      limbs[n + i + l] = static_cast<std::int8_t>(lv[l]);
+    }
+  }
+  for (; i < n; ++i) {
+    const long v = std::clamp(std::lrint(w[i] * inv), -8191L, 8191L);
+    limbs[i] = static_cast<std::int8_t>(v >> 7);
+    limbs[n + i] = static_cast<std::int8_t>(v & 127);
+  }
+  return m / 8191.0f;
+}
+
 const char* TargetName() { return hwy::TargetName(HWY_TARGET); }
 
 }  // namespace HWY_NAMESPACE
@@ -391,6 +771,9 @@ HWY_EXPORT(HalfScores);
 HWY_EXPORT(HalfAccumulate);
 HWY_EXPORT(CodeScores);
 HWY_EXPORT(CodeAccumulate);
+HWY_EXPORT(CodeScoresInt);
+HWY_EXPORT(CodeAccumulateInt);
+HWY_EXPORT(QuantizeWeights14);
 
 namespace {
 // A row of floats per thread for the kernels that convert or unpack a row
@@ -435,6 +818,58 @@ void code_accumulate(const std::uint8_t* codes, std::int64_t rows, std::int64_t 
                      const float* a, std::int64_t nq, std::int64_t a_stride, float* acc, std::int64_t acc_stride) {
   HWY_DYNAMIC_DISPATCH(CodeAccumulate)
   (codes, rows, row_bytes, bits, dim, a, nq, a_stride, acc, acc_stride, byte_scratch(bits, rows, dim));
+}
+
+bool int_dot_layout(int bits, std::int64_t dim) {
+  const Slots sl(bits, dim);
+  return sl.per > 1 && sl.run % 16 == 0;
+}
+
+void code_scores_int(const std::uint8_t* codes, std::int64_t rows, std::int64_t row_bytes, int bits, std::int64_t dim,
+                     const std::int8_t* w8, std::int64_t nq, std::int64_t w8_stride, std::int32_t* out,
+                     std::int64_t out_stride) {
+  HWY_DYNAMIC_DISPATCH(CodeScoresInt)(codes, rows, row_bytes, bits, dim, w8, nq, w8_stride, out, out_stride);
+}
+
+void code_accumulate_int(const std::uint8_t* codes, std::int64_t rows, std::int64_t row_bytes, int bits,
+                         std::int64_t dim, const std::int8_t* w8, std::int64_t nq, std::int64_t w8_stride,
+                         std::int32_t* acc, std::int64_t acc_stride) {
+  HWY_DYNAMIC_DISPATCH(CodeAccumulateInt)(codes, rows, row_bytes, bits, dim, w8, nq, w8_stride, acc, acc_stride);
+}
+
+float quantize_weights14(const float* w, std::int64_t n, std::int8_t* limbs) {
+  return HWY_DYNAMIC_DISPATCH(QuantizeWeights14)(w, n, limbs);
+}
+
+void code_accumulate_int_reference(const std::uint8_t* codes, std::int64_t rows, std::int64_t row_bytes, int bits,
+                                   std::int64_t dim, const std::int8_t* w8, std::int64_t nq, std::int64_t w8_stride,
+                                   std::int32_t* acc, std::int64_t acc_stride) {
+  const Slots sl(bits, dim);
+  for (std::int64_t j = 0; j < nq; ++j) {
+    const std::int8_t* w = w8 + j * w8_stride;
+    for (std::int64_t c = 0; c < dim; ++c) {
+      std::int32_t s = 0;
+      for (std::int64_t r = 0; r < rows; ++r)
+        s += (128 * w[r] + w[rows + r]) * static_cast<std::int32_t>(packed_code(codes + r * row_bytes, c, bits));
+      acc[j * acc_stride + sl.slot(c)] += s;
+    }
+  }
+}
+
+void code_scores_int_reference(const std::uint8_t* codes, std::int64_t rows, std::int64_t row_bytes, int bits,
+                               std::int64_t dim, const std::int8_t* w8, std::int64_t nq, std::int64_t w8_stride,
+                               std::int32_t* out, std::int64_t out_stride) {
+  const Slots sl(bits, dim);
+  for (std::int64_t r = 0; r < rows; ++r)
+    for (std::int64_t j = 0; j < nq; ++j) {
+      const std::int8_t* hi = w8 + j * w8_stride;
+      std::int32_t s = 0;
+      for (std::int64_t c = 0; c < dim; ++c) {
+        const std::int64_t slot = sl.slot(c);
+        s += (128 * hi[slot] + hi[dim + slot]) * static_cast<std::int32_t>(packed_code(codes + r * row_bytes, c, bits));
+      }
+      out[j * out_stride + r] = s;
+    }
 }
 
 void code_scores_reference(const std::uint8_t* codes, std::int64_t rows, std::int64_t row_bytes, int bits,

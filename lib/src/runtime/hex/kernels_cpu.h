@@ -67,6 +67,37 @@ void code_scores(const std::uint8_t* codes, std::int64_t rows, std::int64_t row_
 void code_accumulate(const std::uint8_t* codes, std::int64_t rows, std::int64_t row_bytes, int bits, std::int64_t dim,
                      const float* a, std::int64_t nq, std::int64_t a_stride, float* acc, std::int64_t acc_stride);
 
+// Integer scores (the fixed-point decode path): weights of 14 bits, w =
+// 128 hi + lo with hi in [-64, 63] and lo in [0, 127] (two int8 limbs, so
+// that unsigned-code x signed-byte dot products -- VPDPBUSD, PMADDUBSW,
+// SDOT -- serve them); w8 + j * w8_stride holds hi[dim] then lo[dim], in
+// slot order. out[j * out_stride + r] = sum_slot w_j[slot] * code_r(slot),
+// exact in int32 and identical on every target. Only for layouts where
+// int_dot_layout(bits, dim) (phase-split rows whose runs are multiples of 16
+// bytes); other rows use the reference.
+bool int_dot_layout(int bits, std::int64_t dim);
+void code_scores_int(const std::uint8_t* codes, std::int64_t rows, std::int64_t row_bytes, int bits, std::int64_t dim,
+                     const std::int8_t* w8, std::int64_t nq, std::int64_t w8_stride, std::int32_t* out,
+                     std::int64_t out_stride);
+// Integer value accumulation: acc[j * acc_stride + slot] += sum_r
+// (128 hi + lo)[r] * code_r(slot), exact, w8 + j * w8_stride holding hi for
+// the rows then lo for the rows.
+void code_accumulate_int(const std::uint8_t* codes, std::int64_t rows, std::int64_t row_bytes, int bits,
+                         std::int64_t dim, const std::int8_t* w8, std::int64_t nq, std::int64_t w8_stride,
+                         std::int32_t* acc, std::int64_t acc_stride);
+// The 14-bit fixed-point weights of the int14 path: v_i = round(w_i * 8191
+// / max|w|) (half to even), as two int8 limbs: hi = floor(v / 128) in
+// limbs[0, n), lo = v - 128 hi in limbs[n, 2n). Returns s = max|w| / 8191 (0
+// for all-zero weights): |w_i - s v_i| <= s / 2 plus one rounding of w_i *
+// 8191 / max|w|. The same result on every target.
+float quantize_weights14(const float* w, std::int64_t n, std::int8_t* limbs);
+void code_accumulate_int_reference(const std::uint8_t* codes, std::int64_t rows, std::int64_t row_bytes, int bits,
+                                   std::int64_t dim, const std::int8_t* w8, std::int64_t nq, std::int64_t w8_stride,
+                                   std::int32_t* acc, std::int64_t acc_stride);
+void code_scores_int_reference(const std::uint8_t* codes, std::int64_t rows, std::int64_t row_bytes, int bits,
+                               std::int64_t dim, const std::int8_t* w8, std::int64_t nq, std::int64_t w8_stride,
+                               std::int32_t* out, std::int64_t out_stride);
+
 // The scalar reference of the two code kernels (the contract every target and
 // the CUDA kernels are tested against).
 void code_scores_reference(const std::uint8_t* codes, std::int64_t rows, std::int64_t row_bytes, int bits,
