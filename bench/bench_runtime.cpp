@@ -36,13 +36,6 @@ constexpr std::int64_t kHeads = 8, kDim = 128, kBlock = 96, kTokens = 32768;
 const char* const kMethods[] = {"fp16", "kcvt4", "kcvt3",       "kcvt2",       "h2o4",       "hex4",
                                 "hex3", "hex2",  "kcvt4@int14", "kcvt2@int14", "hex4@int14", "hex2@int14"};
 
-rt::HexOptions options_of(const std::string& method) {
-  const auto at = method.find('@');
-  rt::HexOptions o = rt::hex_method(method.substr(0, at));
-  if (at != std::string::npos) o.dot = rt::HexDot::int14;
-  return o;
-}
-
 // [heads][tokens][dim] fp16 keys and values.
 struct Data {
   std::vector<rt::half_bits> k, v;
@@ -73,7 +66,7 @@ std::shared_ptr<const rt::Mask> mask() {
 }
 
 rt::HexLayerCache make_cache(const std::string& method, std::int64_t tokens) {
-  rt::HexOptions o = options_of(method);
+  rt::HexOptions o = rt::hex_method(method);
   o.block = kBlock;
   rt::HexLayerCache c(kHeads, kDim, o, mask());
   // Heavy-hitter scores: a decaying attention profile with some spikes.

@@ -39,8 +39,8 @@ def read_report(path):
 
 
 def family(method):
-    m = re.fullmatch(r"(kcvt|h2o|expander|hex)([234])", method)
-    return (m.group(1), int(m.group(2))) if m else (method, 0)
+    m = re.fullmatch(r"(kcvt|h2o|expander|hex)([234])(@\w+)?", method)
+    return (m.group(1) + (m.group(3) or ""), int(m.group(2))) if m else (method, 0)
 
 
 def main():

@@ -31,6 +31,7 @@ constexpr const char* kFooter = R"(Examples:
   kvcal eval-fidelity --dump data/smollm2_long.h5 --out fidelity.csv
   kvcal eval-fidelity --dump data/smollm2_long.h5 --bundle model.kvcal.h5 --methods kcvt4,h2o4,hex4 --mode full
   kvcal eval-fidelity --dump data/smollm2_attention.h5 --block 32 --methods fp16,kcvt2,hex2
+  kvcal eval-fidelity --dump data/smollm2_long.h5 --methods hex4,hex4@int14,kcvt2,kcvt2@int14
 
 Methods (the HEX ablation rows, bits B in 2, 3, 4):
   fp16        no compression (the reference: 100%, zero error)
@@ -38,6 +39,10 @@ Methods (the HEX ablation rows, bits B in 2, 3, 4):
   h2oB        quantization + heavy hitters and the recent window in fp16
   expanderB   quantization + the expander mask's entries in fp16
   hexB        all of HEX: quantization + expander + heavy hitters + recent window
+  NAME@int14  any of the four above decoded in the integer domain: per block,
+              the query's and the attention weights rounded to 14 bits and
+              multiplied with the codes on integer units (e.g. hex4@int14;
+              the same compressed bytes, a bounded extra error)
   h2o-evict   original H2O: keep --h2o-budget of the tokens (half recent, half
               heavy hitters, per KV head) in fp16, evict the rest
   chess-conservative|chess-moderate|chess-aggressive

@@ -1524,6 +1524,34 @@ TEST(RuntimeHex, H2ORejectsBadInput) {
   EXPECT_THROW(c.kept(1), Error);
 }
 
+TEST(RuntimeHex, MethodNamesTakeADotSuffix) {
+  HexOptions base;
+  base.block = 40;
+  const HexOptions h = hex_method("hex4", base);
+  EXPECT_EQ(h.dot, HexDot::float32);
+  EXPECT_EQ(h.bits, 4);
+  EXPECT_EQ(h.block, 40);
+  const HexOptions hi = hex_method("hex4@int14", base);
+  EXPECT_EQ(hi.dot, HexDot::int14);
+  EXPECT_EQ(hi.bits, 4);
+  EXPECT_TRUE(hi.expander && hi.heavy_hitters && hi.recent);
+  const HexOptions ki = hex_method("kcvt2@int14", base);
+  EXPECT_EQ(ki.dot, HexDot::int14);
+  EXPECT_EQ(ki.bits, 2);
+  EXPECT_FALSE(ki.expander || ki.heavy_hitters);
+  base.dot = HexDot::int14;
+  EXPECT_EQ(hex_method("h2o3@float32", base).dot, HexDot::float32);
+  EXPECT_EQ(hex_method("h2o3", base).dot, HexDot::int14);  // no suffix: base's
+  for (const char* bad : {"hex4@int8", "hex4@", "fp16@int14", "hex5@int14", "@int14", "hex4@int14@int14"}) {
+    try {
+      (void)hex_method(bad, base);
+      ADD_FAILURE() << bad << " was accepted";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(bad), std::string::npos) << e.what();
+    }
+  }
+}
+
 }  // namespace
 }  // namespace kvcal::runtime
 

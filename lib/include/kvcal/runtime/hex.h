@@ -48,9 +48,9 @@ enum class HexMode { append, full };
 //   (s / 2) * sum_c code_c <= (s / 2) * (2^bits - 1) * head_dim from the
 //   float32 path, an output channel by at most (s / 2) * (2^bits - 1) *
 //   (quantized tokens) per block (bounds checked in the tests; kvcal
-//   eval-fidelity --dot int14 shows the effect on attention). Rows whose
-//   layout has no integer kernel (3 bits; head dims not a multiple of 32 at
-//   4 bits or 64 at 2 bits) use float32.
+//   eval-fidelity --methods hex4,hex4@int14 shows the effect on attention).
+//   Rows whose layout has no integer kernel (3 bits; head dims not a
+//   multiple of 32 at 4 bits or 64 at 2 bits) use float32.
 enum class HexDot { float32, int14 };
 
 struct HexOptions {
@@ -67,7 +67,8 @@ struct HexOptions {
 };
 
 // The options of a named method: "fp16", "kcvt2|3|4", "h2o2|3|4",
-// "expander2|3|4", "hex2|3|4". Other fields are taken from `base`. Throws
+// "expander2|3|4", "hex2|3|4", each but fp16 optionally followed by "@int14"
+// (dot = int14) or "@float32". Other fields are taken from `base`. Throws
 // Error for other names ("h2o-evict" is H2OEvictCache).
 KVCAL_RUNTIME_API HexOptions hex_method(const std::string& name, const HexOptions& base = {});
 KVCAL_RUNTIME_API void check_options(const HexOptions& options);  // throws Error naming the bad field

@@ -23,8 +23,21 @@ using namespace detail;  // NOLINT(google-build-using-namespace): the kernels an
 
 // ---------------------------------------------------------------- options
 
-HexOptions hex_method(const std::string& name, const HexOptions& base) {
+HexOptions hex_method(const std::string& full_name, const HexOptions& base) {
   HexOptions o = base;
+  std::string name = full_name;
+  if (const auto at = name.find('@'); at != std::string::npos) {
+    const std::string dot = name.substr(at + 1);
+    name.resize(at);
+    if (dot == "int14") {
+      o.dot = HexDot::int14;
+    } else if (dot == "float32") {
+      o.dot = HexDot::float32;
+    } else {
+      fail("unknown dot product '" + dot + "' in method '" + full_name + "' (known: @float32, @int14)");
+    }
+    if (name == "fp16") fail("method 'fp16' has no codes to multiply: '" + full_name + "' takes no @" + dot);
+  }
   if (name == "fp16") {
     o.bits = 0;
     o.expander = o.heavy_hitters = o.recent = false;
@@ -44,7 +57,9 @@ HexOptions hex_method(const std::string& name, const HexOptions& base) {
       return o;
     }
   }
-  fail("unknown method '" + name + "' (known: fp16, kcvt2|3|4, h2o2|3|4, expander2|3|4, hex2|3|4, h2o-evict)");
+  fail("unknown method '" + full_name +
+       "' (known: fp16, kcvt2|3|4, h2o2|3|4, expander2|3|4, hex2|3|4, h2o-evict; any but fp16 and h2o-evict may end "
+       "in @int14)");
 }
 
 void check_options(const HexOptions& o) {
