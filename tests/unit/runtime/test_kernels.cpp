@@ -45,6 +45,7 @@ unsigned ref_code(const std::uint8_t* row, i64 c, int bits) {
 i64 ref_slot(int bits, i64 dim, i64 c) {
   if (bits == 4 && dim % 2 == 0) return (c % 2) * (dim / 2) + c / 2;
   if (bits == 2 && dim % 4 == 0) return (c % 4) * (dim / 4) + c / 4;
+  if (bits == 3 && dim % 8 == 0) return (c % 8) * (dim / 8) + c / 8;
   return c;
 }
 
@@ -91,8 +92,10 @@ TEST(HexKernels, CodeScoresAndAccumulateMatchReference) {
     std::uniform_int_distribution<int> byte(0, 255);
     std::normal_distribution<float> g(0.0f, 1.0f);
     // Widths: 1 and odd (channel order), 4/6/12 (short runs, scalar tails),
-    // 64/128 (vector loops), 130/132 (vector loops and tails).
-    for (const i64 dim : {1, 3, 4, 6, 7, 12, 64, 128, 130, 132})
+    // 64/128 (vector loops), 130/132 (vector loops and tails); for 3 bits
+    // 8/24/40 (groups in 128- and 256-bit vectors and tails), 192/200 (a
+    // 512-bit vector and a tail).
+    for (const i64 dim : {1, 3, 4, 6, 7, 8, 12, 24, 40, 64, 128, 130, 132, 192, 200})
       for (const int bits : {2, 3, 4})
         for (const i64 nq : {1, 2, 3, 4, 5, 8})
           for (const i64 rows : {1, 7, 33}) {

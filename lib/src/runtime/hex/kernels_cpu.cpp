@@ -312,66 +312,268 @@ void AccumulateSplitQ(int per, const std::uint8_t* codes, std::int64_t rows, std
     AccumulateSplit<4, kQ>(codes, rows, row_bytes, run, a, a_stride, acc, acc_stride);
 }
 
-// Queries are taken four at a time (a GQA group of 4 in one pass; the
-// accumulators of larger groups would not stay in registers).
+// ---------------------------------------------------------------- 3-bit rows
+// 3-bit rows of a width divisible by 8 (see kernels_cpu.h): group g (channels
+// 8g .. 8g + 7, slots k * run + g) is the 24 bits at byte 3g. One float lane
+// per group: a permute of 32-bit lanes brings each 128-bit block the 16 bytes
+// holding its four groups, a byte shuffle within blocks gives each lane its
+// three bytes, and phase k is (lane >> 3k) & 7. A vector of N groups reads 4N
+// bytes for its 3N: the last row of a block is read from a padded copy.
+#if HWY_TARGET != HWY_SCALAR
+template <class D>
+HWY_INLINE hn::Vec<hn::RebindToUnsigned<D>> GroupPermutation3(D) {
+  const hn::RebindToUnsigned<D> du;
+  const auto l = hn::Iota(du, 0);
+  return hn::Sub(l, hn::ShiftRight<2>(l));  // lane l <- 32-bit word 3 (l / 4) + l % 4
+}
+template <class D>
+HWY_INLINE hn::Vec<hn::Repartition<std::uint8_t, hn::RebindToUnsigned<D>>> GroupShuffle3(D) {
+  const hn::Repartition<std::uint8_t, hn::RebindToUnsigned<D>> du8;
+  const auto b = hn::And(hn::Iota(du8, 0), hn::Set(du8, 15));
+  return hn::Sub(b, hn::ShiftRight<2>(b));  // byte 4j + m of a block <- its byte 3j + m
+}
+template <class D, class Idx, class VS>
+HWY_INLINE hn::Vec<hn::RebindToUnsigned<D>> LoadGroups3(D, const std::uint8_t* p, const Idx& perm, VS shuffle) {
+  const hn::RebindToUnsigned<D> du;
+  const hn::Repartition<std::uint8_t, decltype(du)> du8;
+  auto words = hn::BitCast(du, hn::LoadU(du8, p));
+  if constexpr (hn::MaxLanes(D()) > 4) words = hn::TableLookupLanes(words, perm);  // one block: in place
+  return hn::BitCast(du, hn::TableLookupBytes(hn::BitCast(du8, words), shuffle));
+}
+template <int k, class D, class VU>
+HWY_INLINE hn::Vec<D> Code3(D d, VU groups) {
+  const hn::RebindToSigned<D> di;
+  const hn::RebindToUnsigned<D> du;
+  return hn::ConvertTo(d, hn::BitCast(di, hn::And(hn::ShiftRight<3 * k>(groups), hn::Set(du, 7u))));
+}
+#endif
+
+// The 24 bits of group g of a 3-bit row.
+HWY_INLINE std::uint32_t Group3(const std::uint8_t* row, std::int64_t g) {
+  const std::uint8_t* b = row + 3 * g;
+  return b[0] | (static_cast<std::uint32_t>(b[1]) << 8) | (static_cast<std::uint32_t>(b[2]) << 16);
+}
+
+// The groups a target reads in vectors (a multiple of N, the rest scalar) and
+// the copy of the last row they read from: 3 vec + N bytes, zero past the row.
+struct LastRow3 {
+  static constexpr std::int64_t kBytes = 1024;
+  HWY_ALIGN std::uint8_t pad[kBytes];
+  std::int64_t vec = 0;
+  LastRow3(std::int64_t run, std::int64_t N, const std::uint8_t* last_row) {
+    vec = HWY_TARGET == HWY_SCALAR ? 0 : run / N * N;
+    if (3 * vec + N > kBytes) vec = 0;  // very wide rows: scalar
+    std::memcpy(pad, last_row, static_cast<std::size_t>(3 * vec));
+    std::memset(pad + 3 * vec, 0, static_cast<std::size_t>(N));
+  }
+};
+
+// Scores of kQ queries over 3-bit rows.
+template <int kQ, class D>
+void Scores3(D d, const std::uint8_t* codes, std::int64_t rows, std::int64_t row_bytes, std::int64_t run,
+             const float* w, std::int64_t w_stride, float* out, std::int64_t out_stride) {
+  const auto N = static_cast<std::int64_t>(hn::Lanes(d));
+  const LastRow3 last(run, N, codes + (rows - 1) * row_bytes);
+#if HWY_TARGET != HWY_SCALAR
+  const hn::RebindToUnsigned<D> du;
+  const auto perm = hn::IndicesFromVec(du, GroupPermutation3(d));
+  const auto shuffle = GroupShuffle3(d);
+#endif
+  for (std::int64_t r = 0; r < rows; ++r) {
+    const std::uint8_t* row = codes + r * row_bytes;
+    __builtin_prefetch(row + kPrefetchRows * row_bytes, 0, 3);  // past the end is harmless
+    float s[4] = {0, 0, 0, 0};
+    std::int64_t i = 0;
+#if HWY_TARGET != HWY_SCALAR
+    const std::uint8_t* src = r + 1 < rows ? row : last.pad;
+    auto a0 = hn::Zero(d), a1 = a0, a2 = a0, a3 = a0;
+    for (; i < last.vec; i += N) {
+      const auto g = LoadGroups3(d, src + 3 * i, perm, shuffle);
+      const auto phase = [&](auto kc) {
+        constexpr int k = decltype(kc)::value;
+        const auto c = Code3<k>(d, g);
+        const float* wk = w + k * run + i;
+        a0 = hn::MulAdd(c, hn::LoadU(d, wk), a0);
+        if constexpr (kQ > 1) a1 = hn::MulAdd(c, hn::LoadU(d, wk + w_stride), a1);
+        if constexpr (kQ > 2) a2 = hn::MulAdd(c, hn::LoadU(d, wk + 2 * w_stride), a2);
+        if constexpr (kQ > 3) a3 = hn::MulAdd(c, hn::LoadU(d, wk + 3 * w_stride), a3);
+      };
+      phase(std::integral_constant<int, 0>());
+      phase(std::integral_constant<int, 1>());
+      phase(std::integral_constant<int, 2>());
+      phase(std::integral_constant<int, 3>());
+      phase(std::integral_constant<int, 4>());
+      phase(std::integral_constant<int, 5>());
+      phase(std::integral_constant<int, 6>());
+      phase(std::integral_constant<int, 7>());
+    }
+    s[0] = hn::GetLane(hn::SumOfLanes(d, a0));
+    if constexpr (kQ > 1) s[1] = hn::GetLane(hn::SumOfLanes(d, a1));
+    if constexpr (kQ > 2) s[2] = hn::GetLane(hn::SumOfLanes(d, a2));
+    if constexpr (kQ > 3) s[3] = hn::GetLane(hn::SumOfLanes(d, a3));
+#endif
+    for (; i < run; ++i) {
+      const std::uint32_t x = Group3(row, i);
+      for (int j = 0; j < kQ; ++j)
+        for (int k = 0; k < 8; ++k) s[j] += w[j * w_stride + k * run + i] * static_cast<float>((x >> (3 * k)) & 7u);
+    }
+    for (int j = 0; j < kQ; ++j) out[j * out_stride + r] = s[j];
+  }
+}
+
+// Accumulation of kQ queries over 3-bit rows, phases 4 kH .. 4 kH + 3: one
+// vector of groups at a time over all rows, accumulators in registers.
+template <int kQ, int kH, class D>
+void Accumulate3Half(D d, const std::uint8_t* codes, std::int64_t rows, std::int64_t row_bytes, std::int64_t run,
+                     const LastRow3& last, const float* a, std::int64_t a_stride, float* acc, std::int64_t acc_stride) {
+#if HWY_TARGET != HWY_SCALAR
+  const auto N = static_cast<std::int64_t>(hn::Lanes(d));
+  const hn::RebindToUnsigned<D> du;
+  const auto perm = hn::IndicesFromVec(du, GroupPermutation3(d));
+  const auto shuffle = GroupShuffle3(d);
+  for (std::int64_t i = 0; i < last.vec; i += N) {
+    const auto ld = [&](int j, int k) {
+      return j < kQ ? hn::LoadU(d, acc + j * acc_stride + (4 * kH + k) * run + i) : hn::Zero(d);
+    };
+    const auto st = [&](int j, int k, hn::Vec<D> v) {
+      if (j < kQ) hn::StoreU(v, d, acc + j * acc_stride + (4 * kH + k) * run + i);
+    };
+    auto s00 = ld(0, 0), s01 = ld(0, 1), s02 = ld(0, 2), s03 = ld(0, 3);
+    auto s10 = ld(1, 0), s11 = ld(1, 1), s12 = ld(1, 2), s13 = ld(1, 3);
+    auto s20 = ld(2, 0), s21 = ld(2, 1), s22 = ld(2, 2), s23 = ld(2, 3);
+    auto s30 = ld(3, 0), s31 = ld(3, 1), s32 = ld(3, 2), s33 = ld(3, 3);
+    for (std::int64_t r = 0; r < rows; ++r) {
+      const std::uint8_t* src = r + 1 < rows ? codes + r * row_bytes : last.pad;
+      const auto g = LoadGroups3(d, src + 3 * i, perm, shuffle);
+      const auto c0 = Code3<4 * kH>(d, g), c1 = Code3<4 * kH + 1>(d, g);
+      const auto c2 = Code3<4 * kH + 2>(d, g), c3 = Code3<4 * kH + 3>(d, g);
+      const auto axpy = [&](int j, hn::Vec<D>& x0, hn::Vec<D>& x1, hn::Vec<D>& x2, hn::Vec<D>& x3) {
+        const auto aj = hn::Set(d, a[j * a_stride + r]);
+        x0 = hn::MulAdd(aj, c0, x0);
+        x1 = hn::MulAdd(aj, c1, x1);
+        x2 = hn::MulAdd(aj, c2, x2);
+        x3 = hn::MulAdd(aj, c3, x3);
+      };
+      axpy(0, s00, s01, s02, s03);
+      if constexpr (kQ > 1) axpy(1, s10, s11, s12, s13);
+      if constexpr (kQ > 2) axpy(2, s20, s21, s22, s23);
+      if constexpr (kQ > 3) axpy(3, s30, s31, s32, s33);
+    }
+    st(0, 0, s00), st(0, 1, s01), st(0, 2, s02), st(0, 3, s03);
+    st(1, 0, s10), st(1, 1, s11), st(1, 2, s12), st(1, 3, s13);
+    st(2, 0, s20), st(2, 1, s21), st(2, 2, s22), st(2, 3, s23);
+    st(3, 0, s30), st(3, 1, s31), st(3, 2, s32), st(3, 3, s33);
+  }
+#else
+  (void)d, (void)codes, (void)rows, (void)row_bytes, (void)run, (void)last, (void)a, (void)a_stride, (void)acc,
+      (void)acc_stride;
+#endif
+}
+
+template <int kQ, class D>
+void Accumulate3(D d, const std::uint8_t* codes, std::int64_t rows, std::int64_t row_bytes, std::int64_t run,
+                 const float* a, std::int64_t a_stride, float* acc, std::int64_t acc_stride) {
+  const LastRow3 last(run, static_cast<std::int64_t>(hn::Lanes(d)), codes + (rows - 1) * row_bytes);
+  Accumulate3Half<kQ, 0>(d, codes, rows, row_bytes, run, last, a, a_stride, acc, acc_stride);
+  Accumulate3Half<kQ, 1>(d, codes, rows, row_bytes, run, last, a, a_stride, acc, acc_stride);
+  for (std::int64_t i = last.vec; i < run; ++i)
+    for (std::int64_t r = 0; r < rows; ++r) {
+      const std::uint32_t x = Group3(codes + r * row_bytes, i);
+      for (int j = 0; j < kQ; ++j)
+        for (int k = 0; k < 8; ++k)
+          acc[j * acc_stride + k * run + i] += a[j * a_stride + r] * static_cast<float>((x >> (3 * k)) & 7u);
+    }
+}
+
+// Calls f with the widest float tag whose lanes fit in a run of groups (the
+// narrowest where none does: its groups then go scalar).
+template <class F>
+HWY_INLINE void WithGroupTag3(std::int64_t run, F f) {
+  const DF df;
+#if HWY_TARGET == HWY_SVE || HWY_TARGET == HWY_SVE2 || HWY_TARGET == HWY_SVE_256 || HWY_TARGET == HWY_SVE2_128
+  (void)run;
+  f(df);
+#else
+  if (static_cast<std::int64_t>(hn::Lanes(df)) <= run) return f(df);
+  const hn::CappedTag<float, 8> d8;
+  if (static_cast<std::int64_t>(hn::Lanes(d8)) <= run) return f(d8);
+  f(hn::CappedTag<float, 4>());
+#endif
+}
+
+// Calls f(std::integral_constant<int, kQ>(), j) for queries j .. j + kQ - 1,
+// four at a time (a GQA group of 4 in one pass; the accumulators of larger
+// groups would not stay in registers).
+template <class F>
+HWY_INLINE void InGroupsOf4(std::int64_t nq, F f) {
+  for (std::int64_t j = 0; j < nq; j += 4) {
+    switch (std::min<std::int64_t>(4, nq - j)) {
+      case 1:
+        f(std::integral_constant<int, 1>(), j);
+        break;
+      case 2:
+        f(std::integral_constant<int, 2>(), j);
+        break;
+      case 3:
+        f(std::integral_constant<int, 3>(), j);
+        break;
+      default:
+        f(std::integral_constant<int, 4>(), j);
+        break;
+    }
+  }
+}
+
 void CodeScores(const std::uint8_t* codes, std::int64_t rows, std::int64_t row_bytes, int bits, std::int64_t dim,
                 const float* w, std::int64_t nq, std::int64_t w_stride, float* out, std::int64_t out_stride,
                 std::uint8_t* bytes) {
   const Slots sl(bits, dim);
+  if (rows <= 0) return;
+  if (sl.per == 8) {
+    WithGroupTag3(sl.run, [&](auto d) {
+      InGroupsOf4(nq, [&](auto kq, std::int64_t j) {
+        Scores3<decltype(kq)::value>(d, codes, rows, row_bytes, sl.run, w + j * w_stride, w_stride,
+                                     out + j * out_stride, out_stride);
+      });
+    });
+    return;
+  }
   if (sl.per == 1) {  // one code per byte first, read by every query
     UnpackBytes(codes, rows, row_bytes, bits, dim, bytes);
     codes = bytes;
     row_bytes = dim;
   }
   const int per = static_cast<int>(sl.per);
-  for (std::int64_t j = 0; j < nq; j += 4) {
-    const float* wj = w + j * w_stride;
-    float* oj = out + j * out_stride;
-    switch (std::min<std::int64_t>(4, nq - j)) {
-      case 1:
-        ScoresSplitQ<1>(per, codes, rows, row_bytes, sl.run, wj, w_stride, oj, out_stride);
-        break;
-      case 2:
-        ScoresSplitQ<2>(per, codes, rows, row_bytes, sl.run, wj, w_stride, oj, out_stride);
-        break;
-      case 3:
-        ScoresSplitQ<3>(per, codes, rows, row_bytes, sl.run, wj, w_stride, oj, out_stride);
-        break;
-      default:
-        ScoresSplitQ<4>(per, codes, rows, row_bytes, sl.run, wj, w_stride, oj, out_stride);
-        break;
-    }
-  }
+  InGroupsOf4(nq, [&](auto kq, std::int64_t j) {
+    ScoresSplitQ<decltype(kq)::value>(per, codes, rows, row_bytes, sl.run, w + j * w_stride, w_stride,
+                                      out + j * out_stride, out_stride);
+  });
 }
 
 void CodeAccumulate(const std::uint8_t* codes, std::int64_t rows, std::int64_t row_bytes, int bits, std::int64_t dim,
                     const float* a, std::int64_t nq, std::int64_t a_stride, float* acc, std::int64_t acc_stride,
                     std::uint8_t* bytes) {
   const Slots sl(bits, dim);
+  if (rows <= 0) return;
+  if (sl.per == 8) {
+    WithGroupTag3(sl.run, [&](auto d) {
+      InGroupsOf4(nq, [&](auto kq, std::int64_t j) {
+        Accumulate3<decltype(kq)::value>(d, codes, rows, row_bytes, sl.run, a + j * a_stride, a_stride,
+                                         acc + j * acc_stride, acc_stride);
+      });
+    });
+    return;
+  }
   if (sl.per == 1) {  // one code per byte first, read by every query
     UnpackBytes(codes, rows, row_bytes, bits, dim, bytes);
     codes = bytes;
     row_bytes = dim;
   }
   const int per = static_cast<int>(sl.per);
-  for (std::int64_t j = 0; j < nq; j += 4) {
-    const float* aj = a + j * a_stride;
-    float* cj = acc + j * acc_stride;
-    switch (std::min<std::int64_t>(4, nq - j)) {
-      case 1:
-        AccumulateSplitQ<1>(per, codes, rows, row_bytes, sl.run, aj, a_stride, cj, acc_stride);
-        break;
-      case 2:
-        AccumulateSplitQ<2>(per, codes, rows, row_bytes, sl.run, aj, a_stride, cj, acc_stride);
-        break;
-      case 3:
-        AccumulateSplitQ<3>(per, codes, rows, row_bytes, sl.run, aj, a_stride, cj, acc_stride);
-        break;
-      default:
-        AccumulateSplitQ<4>(per, codes, rows, row_bytes, sl.run, aj, a_stride, cj, acc_stride);
-        break;
-    }
-  }
+  InGroupsOf4(nq, [&](auto kq, std::int64_t j) {
+    AccumulateSplitQ<decltype(kq)::value>(per, codes, rows, row_bytes, sl.run, a + j * a_stride, a_stride,
+                                          acc + j * acc_stride, acc_stride);
+  });
 }
 
 // ---------------------------------------------------------------- integer dot
@@ -822,7 +1024,7 @@ void code_accumulate(const std::uint8_t* codes, std::int64_t rows, std::int64_t 
 
 bool int_dot_layout(int bits, std::int64_t dim) {
   const Slots sl(bits, dim);
-  return sl.per > 1 && sl.run % 16 == 0;
+  return (bits == 2 || bits == 4) && sl.per > 1 && sl.run % 16 == 0;
 }
 
 void code_scores_int(const std::uint8_t* codes, std::int64_t rows, std::int64_t row_bytes, int bits, std::int64_t dim,

@@ -12,9 +12,12 @@
 // stream. The kernels work on "slots": for 4-bit rows of even width the slot
 // order is phase-major, [even channels | odd channels] (byte i holds slots i
 // and run + i, run = dim / 2); for 2-bit rows of a width divisible by 4, four
-// runs of run = dim / 4 (byte i holds slots i, run+i, 2run+i, 3run+i); other
-// rows (3 bits, odd widths) keep channel order. Weights and accumulators
-// passed to the code kernels are in slot order (Slots::slot maps a channel).
+// runs of run = dim / 4 (byte i holds slots i, run+i, 2run+i, 3run+i); for
+// 3-bit rows of a width divisible by 8, eight runs of run = dim / 8 (the 24
+// bits at byte 3i hold slots i, run+i, ..., 7run+i); other rows (odd widths,
+// 3 bits otherwise) keep channel order. Weights and accumulators passed to
+// the code kernels are in slot order (Slots::slot maps a channel). The slot
+// order is how the kernels read the bytes, not a different byte layout.
 #pragma once
 
 #include <cstdint>
@@ -31,8 +34,12 @@ struct Slots {
   int bits;
   std::int64_t dim, per, run;
   Slots(int b, std::int64_t d) : bits(b), dim(d) {
-    const bool split = (b == 4 && d % 2 == 0) || (b == 2 && d % 4 == 0);
-    per = split ? 8 / b : 1;
+    if ((b == 4 && d % 2 == 0) || (b == 2 && d % 4 == 0))
+      per = 8 / b;
+    else if (b == 3 && d % 8 == 0)
+      per = 8;
+    else
+      per = 1;
     run = d / per;
   }
   std::int64_t slot(std::int64_t c) const { return per == 1 ? c : (c % per) * run + c / per; }
