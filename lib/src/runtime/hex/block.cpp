@@ -132,6 +132,17 @@ using namespace detail;  // NOLINT(google-build-using-namespace): the kernels an
 
 // ---------------------------------------------------------------- blocks
 
+void detail::prefetch_codes(const HexBlockView& b, bool keys) {
+  if (b.bits == 0) return;
+  constexpr std::int64_t kAhead = 2048;  // bytes of codes: 32 cache lines
+  const auto* codes = keys ? b.k_codes : b.v_codes;
+  const std::int64_t n = std::min<std::int64_t>(kAhead, static_cast<std::int64_t>(b.quant_rows()) * b.row_bytes);
+  for (std::int64_t o = 0; o < n; o += 64) __builtin_prefetch(codes + o, 0, 3);
+  const auto* params = reinterpret_cast<const std::uint8_t*>(keys ? b.k_params : b.v_params);
+  const std::int64_t np = static_cast<std::int64_t>(sizeof(QuantParams)) * (keys ? b.head_dim : b.quant_rows());
+  for (std::int64_t o = 0; o < np; o += 64) __builtin_prefetch(params + o, 0, 3);
+}
+
 HexBlockView HexBlock::view() const {
   HexBlockView b;
   b.tokens = tokens;

@@ -267,19 +267,27 @@ void HexLayerCache::attend_head(const Impl& m, std::int64_t h, const float* q, s
       local.resize(static_cast<std::size_t>(group * S));
       p = local.data();
     }
+    // Each block's codes are their own allocation: the first rows of the
+    // next block are requested while this one is decoded (the hardware
+    // prefetcher only catches up a few rows into a new stream).
+    const std::size_t nb = hd.blocks.size();
     std::int64_t pos = 0;
-    for (const HexBlock& b : hd.blocks) {
-      hex_block_scores(b.view(), qh, group, d, scale, p + pos, S, m.opt.dot);
-      pos += b.tokens;
+    for (std::size_t i = 0; i < nb; ++i) {
+      const HexBlockView v = hd.blocks[i].view();
+      if (i + 1 < nb) prefetch_codes(hd.blocks[i + 1].view(), true);
+      hex_block_scores(v, qh, group, d, scale, p + pos, S, m.opt.dot);
+      pos += v.tokens;
     }
     const std::int64_t off = m.residual_offset();
     half_scores(qh, group, d, hd.res_k.data() + off * d, S - pos, d, d, scale, p + pos, S);
     softmax_rows(p, group, S, S);
     for (std::int64_t j = 0; j < group; ++j) std::fill(oh + j * d, oh + (j + 1) * d, 0.0f);
     pos = 0;
-    for (const HexBlock& b : hd.blocks) {
-      hex_block_accumulate(b.view(), p + pos, group, S, oh, d, m.opt.dot);
-      pos += b.tokens;
+    for (std::size_t i = 0; i < nb; ++i) {
+      const HexBlockView v = hd.blocks[i].view();
+      if (i + 1 < nb) prefetch_codes(hd.blocks[i + 1].view(), false);
+      hex_block_accumulate(v, p + pos, group, S, oh, d, m.opt.dot);
+      pos += v.tokens;
     }
     half_accumulate(p + pos, group, S, hd.res_v.data() + off * d, S - pos, d, d, oh, d);
   }

@@ -12,6 +12,7 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <utility>
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>  // _pdep_u64 (BMI2: part of the AVX2 and AVX-512 targets)
 #endif
@@ -178,33 +179,80 @@ HWY_INLINE hn::Vec<DF> DotPhases(hn::Vec<DF> c0, hn::Vec<DF> c1, hn::Vec<DF> c2,
   return acc;
 }
 
-// Scores of kQ queries over phase-split rows (per = 2 or 4): one load and
-// unpacking of the codes serves every query of the group.
+#if HWY_TARGET != HWY_SCALAR
+// The lane sums of four vectors, out4[m] = sum of the lanes of a_m: two
+// rounds of interleaving leave each 128-bit block holding the four partial
+// sums, then the blocks are added (far fewer steps than four reductions).
+template <class D>
+HWY_INLINE void StoreBlockSum(D d, hn::Vec<D> y, float* out4) {
+  if constexpr (HWY_HAVE_SCALABLE) {
+    HWY_ALIGN float lanes[hn::MaxLanes(D())];
+    hn::Store(y, d, lanes);
+    float s[4] = {0, 0, 0, 0};
+    for (std::size_t l = 0; l < hn::Lanes(d); ++l) s[l & 3] += lanes[l];
+    for (int m = 0; m < 4; ++m) out4[m] = s[m];
+  } else if constexpr (hn::MaxLanes(D()) <= 4) {
+    hn::StoreU(y, d, out4);
+  } else {
+    const hn::Half<D> dh;
+    StoreBlockSum(dh, hn::Add(hn::LowerHalf(dh, y), hn::UpperHalf(dh, y)), out4);
+  }
+}
+template <class D>
+HWY_INLINE void Sum4(D d, hn::Vec<D> a0, hn::Vec<D> a1, hn::Vec<D> a2, hn::Vec<D> a3, float* out4) {
+  const hn::Repartition<double, D> d64;
+  const auto x01 = hn::Add(hn::InterleaveLower(d, a0, a1), hn::InterleaveUpper(d, a0, a1));
+  const auto x23 = hn::Add(hn::InterleaveLower(d, a2, a3), hn::InterleaveUpper(d, a2, a3));
+  const auto u = hn::BitCast(d64, x01), v = hn::BitCast(d64, x23);
+  StoreBlockSum(
+      d, hn::Add(hn::BitCast(d, hn::InterleaveLower(d64, u, v)), hn::BitCast(d, hn::InterleaveUpper(d64, u, v))), out4);
+}
+#endif
+
+// Scores of kQ queries over phase-split rows (per = 1, 2 or 4): one load and
+// unpacking of the codes serves every query of the group. 4 / kQ rows go
+// together (kQ = 3: one row), so that their four sums reduce at once.
 template <int kPer, int kQ>
 void ScoresSplit(const std::uint8_t* codes, std::int64_t rows, std::int64_t row_bytes, std::int64_t run, const float* w,
                  std::int64_t w_stride, float* out, std::int64_t out_stride) {
   const DF df;
   const auto N = static_cast<std::int64_t>(hn::Lanes(df));
-  for (std::int64_t r = 0; r < rows; ++r) {
-    const std::uint8_t* row = codes + r * row_bytes;
-    __builtin_prefetch(row + kPrefetchRows * row_bytes, 0, 3);  // past the end is harmless
+  const std::int64_t vec_end = HWY_TARGET == HWY_SCALAR ? 0 : run / N * N;
+  constexpr int kR = kQ == 1 ? 4 : kQ == 2 ? 2 : 1;  // rows per step
+  for (std::int64_t r = 0; r < rows; r += kR) {
+    const std::uint8_t* row[kR];
+    for (int rr = 0; rr < kR; ++rr) {
+      row[rr] = codes + std::min(r + rr, rows - 1) * row_bytes;       // past the last row: repeated, not written
+      __builtin_prefetch(row[rr] + kPrefetchRows * row_bytes, 0, 3);  // past the end is harmless
+    }
+    // s[rr * kQ + j]: row r + rr, query j.
+    float s[4] = {0, 0, 0, 0};
+#if HWY_TARGET != HWY_SCALAR
     auto a0 = hn::Zero(df), a1 = a0, a2 = a0, a3 = a0;
-    std::int64_t i = 0;
-    for (; i + N <= run; i += N) {
-      auto c0 = hn::Zero(df), c1 = c0, c2 = c0, c3 = c0;
-      LoadPhases<kPer>(row + i, c0, c1, c2, c3);
-      a0 = DotPhases<kPer>(c0, c1, c2, c3, w + i, run, a0);
-      if constexpr (kQ > 1) a1 = DotPhases<kPer>(c0, c1, c2, c3, w + w_stride + i, run, a1);
-      if constexpr (kQ > 2) a2 = DotPhases<kPer>(c0, c1, c2, c3, w + 2 * w_stride + i, run, a2);
-      if constexpr (kQ > 3) a3 = DotPhases<kPer>(c0, c1, c2, c3, w + 3 * w_stride + i, run, a3);
+    for (std::int64_t i = 0; i < vec_end; i += N) {
+      for (int rr = 0; rr < kR; ++rr) {
+        auto c0 = hn::Zero(df), c1 = c0, c2 = c0, c3 = c0;
+        LoadPhases<kPer>(row[rr] + i, c0, c1, c2, c3);
+        const auto upd = [&](int x, hn::Vec<DF>& a) {
+          if (x >= rr * kQ && x < (rr + 1) * kQ)
+            a = DotPhases<kPer>(c0, c1, c2, c3, w + (x - rr * kQ) * w_stride + i, run, a);
+        };
+        upd(0, a0);
+        if constexpr (kR * kQ > 1) upd(1, a1);
+        if constexpr (kR * kQ > 2) upd(2, a2);
+        if constexpr (kR * kQ > 3) upd(3, a3);
+      }
     }
-    float s[4] = {Sum(df, a0), kQ > 1 ? Sum(df, a1) : 0.0f, kQ > 2 ? Sum(df, a2) : 0.0f, kQ > 3 ? Sum(df, a3) : 0.0f};
-    for (int j = 0; j < kQ; ++j) {
-      const float* wj = w + j * w_stride;
-      for (std::int64_t t = i; t < run; ++t)
-        for (int k = 0; k < kPer; ++k) s[j] += wj[k * run + t] * PhaseCode<kPer>(row[t], k);
-      out[j * out_stride + r] = s[j];
-    }
+    if (vec_end > 0) Sum4(df, a0, a1, a2, a3, s);
+#endif
+    for (int rr = 0; rr < kR && r + rr < rows; ++rr)
+      for (int j = 0; j < kQ; ++j) {
+        const float* wj = w + j * w_stride;
+        float sj = s[rr * kQ + j];
+        for (std::int64_t t = vec_end; t < run; ++t)
+          for (int k = 0; k < kPer; ++k) sj += wj[k * run + t] * PhaseCode<kPer>(row[rr][t], k);
+        out[j * out_stride + r + rr] = sj;
+      }
   }
 }
 
@@ -225,10 +273,9 @@ HWY_INLINE void AxpyPhases(hn::Vec<DF> a, hn::Vec<DF> c0, hn::Vec<DF> c1, hn::Ve
 // accumulators stay in registers and each code is unpacked once per group.
 template <int kPer, int kQ>
 void AccumulateSplit(const std::uint8_t* codes, std::int64_t rows, std::int64_t row_bytes, std::int64_t run,
-                     const float* a, std::int64_t a_stride, float* acc, std::int64_t acc_stride) {
+                     const float* a, std::int64_t a_stride, float* acc, std::int64_t acc_stride, std::int64_t i = 0) {
   const DF df;
   const auto N = static_cast<std::int64_t>(hn::Lanes(df));
-  std::int64_t i = 0;
   for (; i + N <= run; i += N) {
     // s_jk: query j, phase k (loaded only where j < kQ and k < kPer).
     const auto ld = [&](int j, int k) {
@@ -301,15 +348,84 @@ void ScoresSplitQ(int per, const std::uint8_t* codes, std::int64_t rows, std::in
     ScoresSplit<4, kQ>(codes, rows, row_bytes, run, w, w_stride, out, out_stride);
 }
 
+#if !HWY_HAVE_SCALABLE && HWY_TARGET != HWY_SCALAR
+// Vector registers the row-wise accumulation may fill with accumulators
+// (AVX2 and SSE4 have 16 registers; AVX-512 and NEON 32).
+constexpr int kAccVectors = (HWY_ARCH_X86 && HWY_TARGET > HWY_AVX3) ? 8 : 16;
+
+template <int... kI, class F>
+HWY_INLINE void UnrollSeq(std::integer_sequence<int, kI...>, F f) {
+  (f(std::integral_constant<int, kI>()), ...);
+}
+// f(std::integral_constant<int, i>()) for i = 0 .. kN - 1.
+template <int kN, class F>
+HWY_INLINE void Unroll(F f) {
+  UnrollSeq(std::make_integer_sequence<int, kN>(), f);
+}
+
+// Accumulation with the rows in order, each row's kC vectors of bytes read
+// at once (kQ * kC * kPer accumulators in registers): the codes stream
+// through the cache a row at a time instead of being revisited once per
+// vector of bytes. Returns the slot index it stopped at (a multiple of kC
+// vectors); AccumulateSplit does the rest. Fixed-size targets only (arrays
+// of vectors).
+template <int kPer, int kQ, int kC>
+std::int64_t AccumulateRows(const std::uint8_t* codes, std::int64_t rows, std::int64_t row_bytes, std::int64_t run,
+                            const float* a, std::int64_t a_stride, float* acc, std::int64_t acc_stride) {
+  const DF df;
+  const auto N = static_cast<std::int64_t>(hn::Lanes(df));
+  constexpr int kA = kQ * kC * kPer;
+  std::int64_t i = 0;
+  for (; i + kC * N <= run; i += kC * N) {
+    hn::Vec<DF> s[kA];  // s[(j * kC + c) * kPer + k]: query j, vector c, phase k
+    const auto slot = [&](int x) {
+      return acc + x / (kC * kPer) * acc_stride + x % kPer * run + i + x / kPer % kC * N;
+    };
+    Unroll<kA>([&](auto x) { s[x] = hn::LoadU(df, slot(x)); });
+    for (std::int64_t r = 0; r < rows; ++r) {
+      const std::uint8_t* row = codes + r * row_bytes + i;
+      __builtin_prefetch(row + kPrefetchRows * row_bytes, 0, 3);  // past the end is harmless
+      Unroll<kC>([&](auto c) {
+        auto c0 = hn::Zero(df), c1 = c0, c2 = c0, c3 = c0;
+        LoadPhases<kPer>(row + c * N, c0, c1, c2, c3);
+        Unroll<kQ>([&](auto j) {
+          constexpr int kB = (j * kC + c) * kPer;
+          const auto aj = hn::Set(df, a[j * a_stride + r]);
+          s[kB] = hn::MulAdd(aj, c0, s[kB]);
+          if constexpr (kPer >= 2) s[kB + 1] = hn::MulAdd(aj, c1, s[kB + 1]);
+          if constexpr (kPer == 4) {
+            s[kB + 2] = hn::MulAdd(aj, c2, s[kB + 2]);
+            s[kB + 3] = hn::MulAdd(aj, c3, s[kB + 3]);
+          }
+        });
+      });
+    }
+    Unroll<kA>([&](auto x) { hn::StoreU(s[x], df, slot(x)); });
+  }
+  return i;
+}
+#endif
+
+template <int kPer, int kQ>
+void AccumulateCodes(const std::uint8_t* codes, std::int64_t rows, std::int64_t row_bytes, std::int64_t run,
+                     const float* a, std::int64_t a_stride, float* acc, std::int64_t acc_stride) {
+  std::int64_t i = 0;
+#if !HWY_HAVE_SCALABLE && HWY_TARGET != HWY_SCALAR
+  constexpr int kC = std::clamp(kAccVectors / (kQ * kPer), 1, 4);
+  i = AccumulateRows<kPer, kQ, kC>(codes, rows, row_bytes, run, a, a_stride, acc, acc_stride);
+#endif
+  AccumulateSplit<kPer, kQ>(codes, rows, row_bytes, run, a, a_stride, acc, acc_stride, i);
+}
+
 template <int kQ>
 void AccumulateSplitQ(int per, const std::uint8_t* codes, std::int64_t rows, std::int64_t row_bytes, std::int64_t run,
                       const float* a, std::int64_t a_stride, float* acc, std::int64_t acc_stride) {
   if (per == 1)
-    AccumulateSplit<1, kQ>(codes, rows, row_bytes, run, a, a_stride, acc, acc_stride);
+    AccumulateCodes<1, kQ>(codes, rows, row_bytes, run, a, a_stride, acc, acc_stride);
   else if (per == 2)
-    AccumulateSplit<2, kQ>(codes, rows, row_bytes, run, a, a_stride, acc, acc_stride);
+    AccumulateCodes<2, kQ>(codes, rows, row_bytes, run, a, a_stride, acc, acc_stride);
   else
-    AccumulateSplit<4, kQ>(codes, rows, row_bytes, run, a, a_stride, acc, acc_stride);
+    AccumulateCodes<4, kQ>(codes, rows, row_bytes, run, a, a_stride, acc, acc_stride);
 }
 
 // ---------------------------------------------------------------- 3-bit rows
