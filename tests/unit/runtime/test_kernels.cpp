@@ -153,6 +153,50 @@ TEST(HexKernels, CodeScoresAndAccumulateMatchReference) {
   });
 }
 
+// The slot-to-channel step of decode and the expander's gathered terms.
+TEST(HexKernels, AddSlotsAndGatherMulSubAreExact) {
+  on_every_target([] {
+    std::mt19937_64 rng(0x736c6f74);
+    std::normal_distribution<float> g(0.0f, 1.0f);
+    for (const i64 dim : {1, 7, 8, 12, 64, 128, 200})
+      for (const int bits : {2, 3, 4}) {
+        SCOPED_TRACE("dim " + std::to_string(dim) + " bits " + std::to_string(bits));
+        const Slots sl(bits, dim);
+        std::vector<float> acc(static_cast<std::size_t>(dim)), out(static_cast<std::size_t>(dim + 1));
+        for (auto& x : acc) x = g(rng);
+        for (auto& x : out) x = g(rng);
+        const auto out0 = out;
+        const float bias = g(rng);
+        add_slots(acc.data(), sl, bias, out.data());
+        for (i64 c = 0; c < dim; ++c)
+          ASSERT_EQ(out[static_cast<std::size_t>(c)],
+                    out0[static_cast<std::size_t>(c)] + (bias + acc[static_cast<std::size_t>(ref_slot(bits, dim, c))]))
+              << "channel " << c;
+        ASSERT_EQ(out[static_cast<std::size_t>(dim)], out0[static_cast<std::size_t>(dim)]);  // untouched
+      }
+    for (const i64 n : {0, 1, 5, 16, 33, 100}) {
+      const i64 d = 64;
+      std::vector<float> a(static_cast<std::size_t>(d)), b(static_cast<std::size_t>(d)), x(static_cast<std::size_t>(n));
+      std::vector<std::int32_t> idx(static_cast<std::size_t>(n));
+      for (auto& v : a) v = g(rng);
+      for (auto& v : b) v = g(rng);
+      for (auto& v : x) v = g(rng);
+      for (auto& v : idx) v = static_cast<std::int32_t>(rng() % d);
+      std::vector<float> out(static_cast<std::size_t>(n) + 1, -3.0f);
+      gather_mul_sub(a.data(), b.data(), idx.data(), x.data(), n, out.data());
+      for (i64 i = 0; i < n; ++i) {
+        const auto k = static_cast<std::size_t>(idx[static_cast<std::size_t>(i)]);
+        const double want = static_cast<double>(a[k]) * x[static_cast<std::size_t>(i)] - b[k];
+        // One fused multiply-subtract or a product then a subtraction: within two roundings.
+        ASSERT_NEAR(out[static_cast<std::size_t>(i)], want,
+                    2e-7 * (std::fabs(a[k] * x[static_cast<std::size_t>(i)]) + std::fabs(b[k])))
+            << "entry " << i;
+      }
+      ASSERT_EQ(out[static_cast<std::size_t>(n)], -3.0f);
+    }
+  });
+}
+
 TEST(HexKernels, HalfRowsAndDenseLoopsMatchReference) {
   on_every_target([] {
     std::mt19937_64 rng(0x68616c66);

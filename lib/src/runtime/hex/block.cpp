@@ -132,15 +132,20 @@ using namespace detail;  // NOLINT(google-build-using-namespace): the kernels an
 
 // ---------------------------------------------------------------- blocks
 
-void detail::prefetch_codes(const HexBlockView& b, bool keys) {
+void detail::prefetch_block(const HexBlockView& b, bool keys) {
+  const auto ahead = [](const void* p, std::int64_t bytes) {
+    const auto* c = static_cast<const char*>(p);
+    for (std::int64_t o = 0; o < bytes; o += 64) __builtin_prefetch(c + o, 0, 3);
+  };
+  const std::int64_t d = b.head_dim, nqr = b.bits == 0 ? 0 : b.quant_rows();
+  constexpr std::int64_t kCodesAhead = 2048;  // the rest streams behind the kernel's own prefetch
+  ahead(keys ? b.k_kept : b.v_kept, std::int64_t{b.kept_rows} * d * 2);
   if (b.bits == 0) return;
-  constexpr std::int64_t kAhead = 2048;  // bytes of codes: 32 cache lines
-  const auto* codes = keys ? b.k_codes : b.v_codes;
-  const std::int64_t n = std::min<std::int64_t>(kAhead, static_cast<std::int64_t>(b.quant_rows()) * b.row_bytes);
-  for (std::int64_t o = 0; o < n; o += 64) __builtin_prefetch(codes + o, 0, 3);
-  const auto* params = reinterpret_cast<const std::uint8_t*>(keys ? b.k_params : b.v_params);
-  const std::int64_t np = static_cast<std::int64_t>(sizeof(QuantParams)) * (keys ? b.head_dim : b.quant_rows());
-  for (std::int64_t o = 0; o < np; o += 64) __builtin_prefetch(params + o, 0, 3);
+  ahead(b.kept_index, std::int64_t{b.kept_rows} * 2);
+  ahead(keys ? b.k_codes : b.v_codes, std::min(kCodesAhead, nqr * b.row_bytes));
+  ahead(keys ? static_cast<const void*>(b.k_params) : b.v_params,
+        static_cast<std::int64_t>(sizeof(QuantParams)) * (keys ? d : nqr));
+  ahead(keys ? b.k_sparse : b.v_sparse, nqr * b.mask_degree * 2);
 }
 
 HexBlockView HexBlock::view() const {
@@ -222,7 +227,7 @@ namespace {
 
 // Per-thread scratch of the decode paths (no allocation per block).
 struct Scratch {
-  std::vector<float> qd, bias, kmin, params, sparse, qs, acc, base, a, corr, ws;
+  std::vector<float> qd, bias, kmin, params, sparse, qs, acc, base, a, corr, ws, kept, entries;
   std::vector<std::int8_t> w8;
   std::vector<std::int32_t> qi;
   template <class T>
@@ -305,30 +310,35 @@ void hex_block_scores(const HexBlockView& b, const float* q, std::int64_t nq, st
         qk[j * d + c] = scale * q[j * q_stride + c];
         u[j * d + c] = qk[j * d + c] * kmin[c];
       }
-  walk_tokens(
-      b,
-      [&](std::int64_t t0, std::int64_t n, std::int64_t qr0) {
-        for (std::int64_t j = 0; j < nq; ++j) {
+  float* entries = Scratch::get(sc.entries, nqr * d1);  // one query's entry terms, [quantized row][d1]
+  for (std::int64_t j = 0; j < nq; ++j)
+    walk_tokens(
+        b,
+        [&](std::int64_t t0, std::int64_t n, std::int64_t qr0) {
           const float bj = bias[j];
           const float* qsj = qs + j * nqr + qr0;
           float* sj = scores + j * s_stride + t0;
-          for (std::int64_t i = 0; i < n; ++i) sj[i] = bj + qsj[i];
-        }
-        for (std::int64_t i = 0; i < n && d1 > 0; ++i) {
-          const std::int32_t* cols = b.mask_indices + (t0 + i) * d1;
-          const float* xs = sparse + (qr0 + i) * d1;
-          for (std::int64_t j = 0; j < nq; ++j) {
-            const float* qkj = qk + j * d;
-            const float* uj = u + j * d;
-            float s = 0;
-            for (std::int64_t e = 0; e < d1; ++e) s += qkj[cols[e]] * xs[e] - uj[cols[e]];
-            scores[j * s_stride + t0 + i] += s;
+          if (d1 == 0) {
+            for (std::int64_t i = 0; i < n; ++i) sj[i] = bj + qsj[i];
+            return;
           }
-        }
-      },
-      [&](std::int64_t t, std::int64_t kept) {
-        half_scores(q, nq, q_stride, b.k_kept + kept * d, 1, d, d, scale, scores + t, s_stride);
-      });
+          float* ej = entries + qr0 * d1;
+          gather_mul_sub(qk + j * d, u + j * d, b.mask_indices + t0 * d1, sparse + qr0 * d1, n * d1, ej);
+          for (std::int64_t i = 0; i < n; ++i) {
+            float s = bj + qsj[i];
+            for (std::int64_t e = 0; e < d1; ++e) s += ej[i * d1 + e];
+            sj[i] = s;
+          }
+        },
+        [](std::int64_t, std::int64_t) {});
+  // Kept tokens: their fp16 rows in one pass, then each score to its place.
+  const std::int64_t nk = b.kept_rows;
+  if (nk > 0) {
+    float* ks = Scratch::get(sc.kept, nq * nk);
+    half_scores(q, nq, q_stride, b.k_kept, nk, d, d, scale, ks, nk);
+    for (std::int64_t j = 0; j < nq; ++j)
+      for (std::int64_t k = 0; k < nk; ++k) scores[j * s_stride + b.kept_index[k]] = ks[j * nk + k];
+  }
 }
 
 // Accumulation: per token the weights p_t * delta_t of the packed rows, the
@@ -377,9 +387,15 @@ void hex_block_accumulate(const HexBlockView& b, const float* p, std::int64_t nq
           }
         }
       },
-      [&](std::int64_t t, std::int64_t kept) {
-        half_accumulate(p + t, nq, p_stride, b.v_kept + kept * d, 1, d, d, out, out_stride);
-      });
+      [](std::int64_t, std::int64_t) {});
+  // Kept tokens: their weights gathered, their fp16 rows in one pass.
+  const std::int64_t nk = b.kept_rows;
+  if (nk > 0) {
+    float* pk = Scratch::get(sc.kept, nq * nk);
+    for (std::int64_t j = 0; j < nq; ++j)
+      for (std::int64_t k = 0; k < nk; ++k) pk[j * nk + k] = p[j * p_stride + b.kept_index[k]];
+    half_accumulate(pk, nq, nk, b.v_kept, nk, d, d, out, out_stride);
+  }
   if (nqr > 0 && dot == HexDot::int14 && int_dot_layout(b.bits, d)) {
     std::int8_t* w8 = Scratch::get(sc.w8, nq * 2 * nqr);
     std::int32_t* ai = Scratch::get(sc.qi, nq * d);
@@ -392,13 +408,7 @@ void hex_block_accumulate(const HexBlockView& b, const float* p, std::int64_t nq
   } else if (nqr > 0) {
     code_accumulate(b.v_codes, nqr, b.row_bytes, b.bits, d, a, nq, nqr, acc, d);
   }
-  for (std::int64_t j = 0; j < nq; ++j) {
-    float* oj = out + j * out_stride;
-    const float* aj = acc + j * d;
-    const float bj = base[j];
-    for (std::int64_t i = 0, c = 0; i < sl.run; ++i)
-      for (std::int64_t k = 0; k < sl.per; ++k, ++c) oj[c] += bj + aj[k * sl.run + i];
-  }
+  for (std::int64_t j = 0; j < nq; ++j) add_slots(acc + j * d, sl, base[j], out + j * out_stride);
 }
 
 void attend_fp16(const float* q, std::int64_t nq, std::int64_t q_stride, const half_bits* k, const half_bits* v,

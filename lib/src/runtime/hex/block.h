@@ -19,9 +19,11 @@ bool finite_halves(const half_bits* x, std::int64_t n);
 // Row-wise softmax of `rows` rows of n scores (row j at s + j * stride), in place.
 void softmax_rows(float* s, std::int64_t rows, std::int64_t n, std::int64_t stride);
 
-// Requests the first rows of a block's key (keys) or value codes and their
-// parameters into the cache ahead of use; no effect on results.
-void prefetch_codes(const HexBlockView& b, bool keys);
+// Requests a block's key (keys) or value data into the cache ahead of use:
+// kept rows, parameters, expander entries and the first rows of the codes
+// (each is its own allocation, which the hardware prefetcher does not
+// anticipate). No effect on results.
+void prefetch_block(const HexBlockView& b, bool keys);
 
 // hex_compress_block without its argument checks: HexLayerCache has already
 // checked the mask (constructor) and the keys and values (append).

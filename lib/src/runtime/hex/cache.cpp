@@ -267,14 +267,12 @@ void HexLayerCache::attend_head(const Impl& m, std::int64_t h, const float* q, s
       local.resize(static_cast<std::size_t>(group * S));
       p = local.data();
     }
-    // Each block's codes are their own allocation: the first rows of the
-    // next block are requested while this one is decoded (the hardware
-    // prefetcher only catches up a few rows into a new stream).
+    // The next block's data is requested while this one is decoded.
     const std::size_t nb = hd.blocks.size();
     std::int64_t pos = 0;
     for (std::size_t i = 0; i < nb; ++i) {
       const HexBlockView v = hd.blocks[i].view();
-      if (i + 1 < nb) prefetch_codes(hd.blocks[i + 1].view(), true);
+      if (i + 1 < nb) prefetch_block(hd.blocks[i + 1].view(), true);
       hex_block_scores(v, qh, group, d, scale, p + pos, S, m.opt.dot);
       pos += v.tokens;
     }
@@ -285,7 +283,7 @@ void HexLayerCache::attend_head(const Impl& m, std::int64_t h, const float* q, s
     pos = 0;
     for (std::size_t i = 0; i < nb; ++i) {
       const HexBlockView v = hd.blocks[i].view();
-      if (i + 1 < nb) prefetch_codes(hd.blocks[i + 1].view(), false);
+      if (i + 1 < nb) prefetch_block(hd.blocks[i + 1].view(), false);
       hex_block_accumulate(v, p + pos, group, S, oh, d, m.opt.dot);
       pos += v.tokens;
     }

@@ -692,6 +692,43 @@ void CodeAccumulate(const std::uint8_t* codes, std::int64_t rows, std::int64_t r
   });
 }
 
+// out[c] += bias + acc[slot(c)] for c < per * run (slot(c) = (c % per) *
+// run + c / per): plain loops per phase count, which the compiler vectorises
+// for the target with its interleaving shuffles.
+template <int kPer>
+HWY_INLINE void AddSlotsPer(const float* HWY_RESTRICT acc, std::int64_t run, float bias, float* HWY_RESTRICT out) {
+  for (std::int64_t i = 0; i < run; ++i)
+    for (int k = 0; k < kPer; ++k) out[kPer * i + k] += bias + acc[k * run + i];
+}
+void AddSlots(const float* acc, std::int64_t per, std::int64_t run, float bias, float* out) {
+  switch (per) {
+    case 1:
+      return AddSlotsPer<1>(acc, run, bias, out);
+    case 2:
+      return AddSlotsPer<2>(acc, run, bias, out);
+    case 4:
+      return AddSlotsPer<4>(acc, run, bias, out);
+    default:
+      return AddSlotsPer<8>(acc, run, bias, out);
+  }
+}
+
+// out[i] = a[idx[i]] * x[i] - b[idx[i]] for i < n (the expander entries'
+// score terms: two gathers per vector of entries).
+void GatherMulSub(const float* a, const float* b, const std::int32_t* idx, const float* x, std::int64_t n, float* out) {
+  std::int64_t i = 0;
+#if HWY_TARGET != HWY_SCALAR
+  const DF df;
+  const DI di;
+  const auto N = static_cast<std::int64_t>(hn::Lanes(df));
+  for (; i + N <= n; i += N) {
+    const auto ix = hn::LoadU(di, idx + i);
+    hn::StoreU(hn::MulSub(hn::GatherIndex(df, a, ix), hn::LoadU(df, x + i), hn::GatherIndex(df, b, ix)), df, out + i);
+  }
+#endif
+  for (; i < n; ++i) out[i] = a[idx[i]] * x[i] - b[idx[i]];
+}
+
 // ---------------------------------------------------------------- integer dot
 
 // acc[l] += sum_{i < 4} a[4l + i] * b[4l + i], a unsigned and b signed
@@ -1092,6 +1129,8 @@ HWY_EXPORT(CodeAccumulate);
 HWY_EXPORT(CodeScoresInt);
 HWY_EXPORT(CodeAccumulateInt);
 HWY_EXPORT(QuantizeWeights14);
+HWY_EXPORT(GatherMulSub);
+HWY_EXPORT(AddSlots);
 
 namespace {
 // A row of floats per thread for the kernels that convert or unpack a row
@@ -1136,6 +1175,15 @@ void code_accumulate(const std::uint8_t* codes, std::int64_t rows, std::int64_t 
                      const float* a, std::int64_t nq, std::int64_t a_stride, float* acc, std::int64_t acc_stride) {
   HWY_DYNAMIC_DISPATCH(CodeAccumulate)
   (codes, rows, row_bytes, bits, dim, a, nq, a_stride, acc, acc_stride, byte_scratch(bits, rows, dim));
+}
+
+void gather_mul_sub(const float* a, const float* b, const std::int32_t* idx, const float* x, std::int64_t n,
+                    float* out) {
+  HWY_DYNAMIC_DISPATCH(GatherMulSub)(a, b, idx, x, n, out);
+}
+
+void add_slots(const float* acc, const Slots& sl, float bias, float* out) {
+  HWY_DYNAMIC_DISPATCH(AddSlots)(acc, sl.per, sl.run, bias, out);
 }
 
 bool int_dot_layout(int bits, std::int64_t dim) {

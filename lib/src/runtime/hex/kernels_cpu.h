@@ -74,6 +74,12 @@ void code_scores(const std::uint8_t* codes, std::int64_t rows, std::int64_t row_
 void code_accumulate(const std::uint8_t* codes, std::int64_t rows, std::int64_t row_bytes, int bits, std::int64_t dim,
                      const float* a, std::int64_t nq, std::int64_t a_stride, float* acc, std::int64_t acc_stride);
 
+// out[c] += bias + acc[sl.slot(c)] for c < sl.dim (acc and out apart).
+void add_slots(const float* acc, const Slots& sl, float bias, float* out);
+// out[i] = a[idx[i]] * x[i] - b[idx[i]] for i < n (idx in range of a and b).
+void gather_mul_sub(const float* a, const float* b, const std::int32_t* idx, const float* x, std::int64_t n,
+                    float* out);
+
 // Integer scores (the fixed-point decode path): weights of 14 bits, w =
 // 128 hi + lo with hi in [-64, 63] and lo in [0, 127] (two int8 limbs, so
 // that unsigned-code x signed-byte dot products -- VPDPBUSD, PMADDUBSW,
