@@ -886,71 +886,100 @@ void ScoresInt(D8 d8, const std::uint8_t* codes, std::int64_t rows, std::int64_t
   }
 }
 
-// Integer value accumulation over phase-split rows for one query:
-//   acc[slot] += sum_r (128 hi[r] + lo[r]) * code_r(slot)
-// (w8 holds hi for every row, then lo). Four rows at a time, their bytes are
-// transposed in registers (two rounds of interleaving) so that each int32
-// lane holds one byte position of the four rows, which one VPDPBUSD (or its
-// equivalent) multiplies by the four rows' weights. perm[m * N32 + l] is the
-// byte position lane l of transposed vector m holds (found once per call by
-// transposing rows of position numbers). kM of the four transposed vectors
-// are handled per pass over the rows, to bound the accumulators in flight.
+// Integer value accumulation over phase-split rows:
+//   acc_j[slot] += sum_r (128 hi_j[r] + lo_j[r]) * code_r(slot)
+// (w8 + j * w8_stride holds hi for every row, then lo). Four rows at a time,
+// their bytes are transposed in registers (two rounds of interleaving) so
+// that each int32 lane holds one byte position of the four rows, which one
+// VPDPBUSD (or its equivalent) multiplies by the four rows' weights.
+template <class D8>
+struct Transpose4 {
+  using D32 = hn::Repartition<std::int32_t, D8>;
+  // perm[m * N32 + l]: the byte position lane l of transposed vector m holds
+  // (found once by transposing rows of position numbers).
+  std::int64_t perm[4 * hn::MaxLanes(D32())];
+  static HWY_INLINE hn::Vec<D8> Apply(D8 d8, hn::Vec<D8> a, hn::Vec<D8> b, hn::Vec<D8> c, hn::Vec<D8> d, int m) {
+    const hn::Repartition<std::uint16_t, D8> d16;
+    const auto ab = BitCast(d16, (m < 2) ? hn::InterleaveLower(d8, a, b) : hn::InterleaveUpper(d8, a, b));
+    const auto cd = BitCast(d16, (m < 2) ? hn::InterleaveLower(d8, c, d) : hn::InterleaveUpper(d8, c, d));
+    return hn::BitCast(d8, (m % 2 == 0) ? hn::InterleaveLower(d16, ab, cd) : hn::InterleaveUpper(d16, ab, cd));
+  }
+  explicit Transpose4(D8 d8) {
+    const auto N = static_cast<std::int64_t>(hn::Lanes(d8));
+    const auto N32 = static_cast<std::int64_t>(hn::Lanes(D32()));
+    HWY_ALIGN std::uint8_t pos[hn::MaxLanes(d8)];
+    HWY_ALIGN std::uint8_t tp[hn::MaxLanes(d8)];
+    for (std::int64_t l = 0; l < N; ++l) pos[l] = static_cast<std::uint8_t>(l);
+    const auto p = hn::Load(d8, pos);
+    for (int m = 0; m < 4; ++m) {
+      hn::Store(Apply(d8, p, p, p, p, m), d8, tp);
+      for (std::int64_t l = 0; l < N32; ++l) perm[m * N32 + l] = tp[4 * l];
+    }
+  }
+};
+
+// The int8 weights of rows r .. r + 3 (zero past the last row) in every
+// 32-bit lane.
+template <class D8>
+HWY_INLINE hn::Vec<hn::Repartition<std::int8_t, D8>> Weights4(D8, const std::int8_t* w, std::int64_t r,
+                                                              std::int64_t rows) {
+  const hn::Repartition<std::int32_t, D8> d32;
+  std::uint32_t x = 0;
+  if (r + 4 <= rows) {
+    std::memcpy(&x, w + r, 4);  // little-endian: row r + k in byte k
+  } else {
+    for (std::int64_t k = 0; r + k < rows; ++k)
+      x |= static_cast<std::uint32_t>(static_cast<std::uint8_t>(w[r + k])) << (8 * k);
+  }
+  return hn::BitCast(hn::Repartition<std::int8_t, D8>(), hn::Set(d32, static_cast<std::int32_t>(x)));
+}
+
+// The four rows of bytes at `base` (stride `stride`) from r on, the last
+// group (rows % 4) copied next to zero rows in pad.
+template <class D8>
+HWY_INLINE const std::uint8_t* RowGroup(D8 d8, const std::uint8_t* base, std::int64_t r, std::int64_t rows,
+                                        std::int64_t& stride, std::uint8_t* pad) {
+  if (r + 4 <= rows) return base;
+  const auto N = static_cast<std::int64_t>(hn::Lanes(d8));
+  std::memset(pad, 0, static_cast<std::size_t>(4 * N));
+  for (std::int64_t k = 0; r + k < rows; ++k) std::memcpy(pad + k * N, base + k * stride, static_cast<std::size_t>(N));
+  stride = N;
+  return pad;
+}
+
+// acc[pm[x]] += 128 h[x] + l[x] for every lane x.
+template <class D32>
+HWY_INLINE void FlushLimbs(D32 d32, hn::Vec<D32> h, hn::Vec<D32> l, const std::int64_t* pm, std::int32_t* acc) {
+  HWY_ALIGN std::int32_t lanes[hn::MaxLanes(d32)];
+  hn::Store(hn::Add(hn::ShiftLeft<7>(h), l), d32, lanes);
+  for (std::size_t x = 0; x < hn::Lanes(d32); ++x) acc[pm[x]] += lanes[x];
+}
+
+#if HWY_HAVE_SCALABLE
+// One query at a time (named accumulators: scalable vectors form no arrays);
+// kM of the four transposed vectors per pass over the rows.
 template <int kPer, int kM, class D8>
 void AccumulateInt(D8 d8, const std::uint8_t* codes, std::int64_t rows, std::int64_t row_bytes, std::int64_t run,
                    const std::int8_t* w8, std::int32_t* acc) {
   constexpr int kBits = 8 / kPer;
-  const hn::Repartition<std::uint16_t, D8> d16;
   const hn::Repartition<std::int32_t, D8> d32;
-  const hn::Repartition<std::int8_t, D8> di8;
   const auto N = static_cast<std::int64_t>(hn::Lanes(d8));
   const auto N32 = static_cast<std::int64_t>(hn::Lanes(d32));
-  // The four transposed vectors of rows a..d (m = 0..3).
-  const auto transpose = [&](auto a, auto b, auto c, auto d, int m) {
-    const auto ab = BitCast(d16, (m < 2) ? hn::InterleaveLower(d8, a, b) : hn::InterleaveUpper(d8, a, b));
-    const auto cd = BitCast(d16, (m < 2) ? hn::InterleaveLower(d8, c, d) : hn::InterleaveUpper(d8, c, d));
-    return hn::BitCast(d8, (m % 2 == 0) ? hn::InterleaveLower(d16, ab, cd) : hn::InterleaveUpper(d16, ab, cd));
-  };
-  HWY_ALIGN std::uint8_t pos[hn::MaxLanes(d8)];
-  HWY_ALIGN std::uint8_t tp[hn::MaxLanes(d8)];
-  std::int64_t perm[4 * hn::MaxLanes(d32)];
-  for (std::int64_t l = 0; l < N; ++l) pos[l] = static_cast<std::uint8_t>(l);
-  {
-    const auto p = hn::Load(d8, pos);
-    for (int m = 0; m < 4; ++m) {
-      hn::Store(transpose(p, p, p, p, m), d8, tp);
-      for (std::int64_t l = 0; l < N32; ++l) perm[m * N32 + l] = tp[4 * l];
-    }
-  }
-  // A zero-padded group for the last rows (rows % 4), weights 0.
+  const Transpose4<D8> tr(d8);
   HWY_ALIGN std::uint8_t pad[4 * hn::MaxLanes(d8)];
-  const std::int8_t* hi = w8;
-  const std::int8_t* lo = w8 + rows;
-  const auto weights4 = [&](const std::int8_t* w, std::int64_t r) {
-    std::uint32_t x = 0;
-    for (std::int64_t k = 0; k < 4; ++k)
-      if (r + k < rows) x |= static_cast<std::uint32_t>(static_cast<std::uint8_t>(w[r + k])) << (8 * k);
-    return hn::BitCast(di8, hn::Set(d32, static_cast<std::int32_t>(x)));
-  };
-  HWY_ALIGN std::int32_t lanes[hn::MaxLanes(d32)];
   for (std::int64_t i = 0; i < run; i += N) {
     for (int m0 = 0; m0 < 4; m0 += kM) {
       // Accumulators: phase k, transposed vector m0 + mm, limb.
       auto a00 = hn::Zero(d32), a01 = a00, a02 = a00, a03 = a00, a10 = a00, a11 = a00, a12 = a00, a13 = a00;
       auto b00 = a00, b01 = a00, b02 = a00, b03 = a00, b10 = a00, b11 = a00, b12 = a00, b13 = a00;
       for (std::int64_t r = 0; r < rows; r += 4) {
-        const std::uint8_t* base = codes + r * row_bytes + i;
         std::int64_t stride = row_bytes;
-        if (r + 4 > rows) {  // copy the last rows next to zero rows
-          std::memset(pad, 0, sizeof(pad));
-          for (std::int64_t k = 0; r + k < rows; ++k) std::memcpy(pad + k * N, base + k * row_bytes, N);
-          base = pad;
-          stride = N;
-        }
+        const std::uint8_t* base = RowGroup(d8, codes + r * row_bytes + i, r, rows, stride, pad);
         const auto r0 = hn::LoadU(d8, base), r1 = hn::LoadU(d8, base + stride);
         const auto r2 = hn::LoadU(d8, base + 2 * stride), r3 = hn::LoadU(d8, base + 3 * stride);
-        const auto wh = weights4(hi, r), wl = weights4(lo, r);
+        const auto wh = Weights4(d8, w8, r, rows), wl = Weights4(d8, w8 + rows, r, rows);
         const auto one = [&](int mm, auto& h0, auto& h1, auto& h2, auto& h3, auto& l0, auto& l1, auto& l2, auto& l3) {
-          const auto t = transpose(r0, r1, r2, r3, m0 + mm);
+          const auto t = Transpose4<D8>::Apply(d8, r0, r1, r2, r3, m0 + mm);
           const auto ph = [&](auto c, auto& h, auto& l) {
             h = DotBytes(d8, c, wh, h);
             l = DotBytes(d8, c, wl, l);
@@ -966,10 +995,7 @@ void AccumulateInt(D8 d8, const std::uint8_t* codes, std::int64_t rows, std::int
         if constexpr (kM > 1) one(1, a10, a11, a12, a13, b10, b11, b12, b13);
       }
       const auto flush = [&](int mm, int k, auto h, auto l) {
-        hn::Store(hn::Add(hn::ShiftLeft<7>(h), l), d32, lanes);
-        const std::int64_t* pm = perm + (m0 + mm) * N32;
-        std::int32_t* ak = acc + k * run + i;
-        for (std::int64_t x = 0; x < N32; ++x) ak[pm[x]] += lanes[x];
+        FlushLimbs(d32, h, l, tr.perm + (m0 + mm) * N32, acc + k * run + i);
       };
       flush(0, 0, a00, b00);
       if constexpr (kPer >= 2) flush(0, 1, a01, b01);
@@ -982,17 +1008,78 @@ void AccumulateInt(D8 d8, const std::uint8_t* codes, std::int64_t rows, std::int
     }
   }
 }
+#else
+// kQ queries of a GQA group share each load and transposition of the codes
+// (2 kQ kPer accumulators in registers).
+template <int kPer, int kQ, class D8>
+void AccumulateIntQ(D8 d8, const std::uint8_t* codes, std::int64_t rows, std::int64_t row_bytes, std::int64_t run,
+                    const std::int8_t* w8, std::int64_t w8_stride, std::int32_t* acc, std::int64_t acc_stride) {
+  constexpr int kBits = 8 / kPer;
+  const hn::Repartition<std::int32_t, D8> d32;
+  const auto N = static_cast<std::int64_t>(hn::Lanes(d8));
+  const auto N32 = static_cast<std::int64_t>(hn::Lanes(d32));
+  const Transpose4<D8> tr(d8);
+  HWY_ALIGN std::uint8_t pad[4 * hn::MaxLanes(d8)];
+  for (std::int64_t i = 0; i < run; i += N) {
+    for (int m = 0; m < 4; ++m) {
+      hn::Vec<decltype(d32)> h[kQ * kPer], l[kQ * kPer];  // [query][phase], the two limbs
+      Unroll<kQ * kPer>([&](auto x) { h[x] = l[x] = hn::Zero(d32); });
+      for (std::int64_t r = 0; r < rows; r += 4) {
+        if (m == 0)  // the first pass streams the rows in; past the end is harmless
+          for (int k = 0; k < 4; ++k) __builtin_prefetch(codes + (r + k + kPrefetchRows) * row_bytes + i, 0, 3);
+        std::int64_t stride = row_bytes;
+        const std::uint8_t* base = RowGroup(d8, codes + r * row_bytes + i, r, rows, stride, pad);
+        const auto t = Transpose4<D8>::Apply(d8, hn::LoadU(d8, base), hn::LoadU(d8, base + stride),
+                                             hn::LoadU(d8, base + 2 * stride), hn::LoadU(d8, base + 3 * stride), m);
+        hn::Vec<D8> ph[kPer];
+        Unroll<kPer>([&](auto k) { ph[k] = PhaseBytes<kBits, k>(d8, t); });
+        Unroll<kQ>([&](auto j) {
+          const std::int8_t* wj = w8 + j * w8_stride;
+          const auto wh = Weights4(d8, wj, r, rows), wl = Weights4(d8, wj + rows, r, rows);
+          Unroll<kPer>([&](auto k) {
+            h[j * kPer + k] = DotBytes(d8, ph[k], wh, h[j * kPer + k]);
+            l[j * kPer + k] = DotBytes(d8, ph[k], wl, l[j * kPer + k]);
+          });
+        });
+      }
+      Unroll<kQ * kPer>([&](auto x) {
+        FlushLimbs(d32, h[x], l[x], tr.perm + m * N32, acc + x / kPer * acc_stride + x % kPer * run + i);
+      });
+    }
+  }
+}
+#endif
 
 template <class D8>
 void AccumulateIntPer(D8 d8, int per, const std::uint8_t* codes, std::int64_t rows, std::int64_t row_bytes,
                       std::int64_t run, const std::int8_t* w8, std::int64_t nq, std::int64_t w8_stride,
                       std::int32_t* acc, std::int64_t acc_stride) {
+#if HWY_HAVE_SCALABLE
   for (std::int64_t j = 0; j < nq; ++j) {
     if (per == 2)
       AccumulateInt<2, 2>(d8, codes, rows, row_bytes, run, w8 + j * w8_stride, acc + j * acc_stride);
     else
       AccumulateInt<4, 2>(d8, codes, rows, row_bytes, run, w8 + j * w8_stride, acc + j * acc_stride);
   }
+#else
+  // Queries in groups whose accumulators (two limbs per phase) fit the registers.
+  const auto groups = [&](auto per_c) {
+    constexpr int kPer = decltype(per_c)::value;
+    constexpr int kG = std::max(1, kAccVectors / (2 * kPer));
+    for (std::int64_t j = 0; j < nq; j += kG) {
+      const std::int8_t* wj = w8 + j * w8_stride;
+      std::int32_t* aj = acc + j * acc_stride;
+      const std::int64_t g = std::min<std::int64_t>(kG, nq - j);
+      Unroll<kG>([&](auto q) {
+        if (q + 1 == g) AccumulateIntQ<kPer, q + 1>(d8, codes, rows, row_bytes, run, wj, w8_stride, aj, acc_stride);
+      });
+    }
+  };
+  if (per == 2)
+    groups(std::integral_constant<int, 2>());
+  else
+    groups(std::integral_constant<int, 4>());
+#endif
 }
 
 template <int kPer, class D8>
