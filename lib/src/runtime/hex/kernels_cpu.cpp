@@ -537,6 +537,43 @@ void Scores3(D d, const std::uint8_t* codes, std::int64_t rows, std::int64_t row
   }
 }
 
+#if HWY_TARGET != HWY_SCALAR
+// Accumulation of one query over 3-bit rows: all eight phases of a vector of
+// groups in registers, one pass over the rows.
+template <class D>
+void Accumulate3One(D d, const std::uint8_t* codes, std::int64_t rows, std::int64_t row_bytes, std::int64_t run,
+                    const LastRow3& last, const float* a, float* acc) {
+  const auto N = static_cast<std::int64_t>(hn::Lanes(d));
+  const hn::RebindToUnsigned<D> du;
+  const auto perm = hn::IndicesFromVec(du, GroupPermutation3(d));
+  const auto shuffle = GroupShuffle3(d);
+  for (std::int64_t i = 0; i < last.vec; i += N) {
+    auto s0 = hn::LoadU(d, acc + i), s1 = hn::LoadU(d, acc + run + i), s2 = hn::LoadU(d, acc + 2 * run + i);
+    auto s3 = hn::LoadU(d, acc + 3 * run + i), s4 = hn::LoadU(d, acc + 4 * run + i);
+    auto s5 = hn::LoadU(d, acc + 5 * run + i), s6 = hn::LoadU(d, acc + 6 * run + i);
+    auto s7 = hn::LoadU(d, acc + 7 * run + i);
+    for (std::int64_t r = 0; r < rows; ++r) {
+      const std::uint8_t* row = codes + r * row_bytes;
+      if (i == 0) __builtin_prefetch(row + kPrefetchRows * row_bytes, 0, 3);  // past the end is harmless
+      const auto g = LoadGroups3(d, (r + 1 < rows ? row : last.pad) + 3 * i, perm, shuffle);
+      const auto ar = hn::Set(d, a[r]);
+      s0 = hn::MulAdd(ar, Code3<0>(d, g), s0);
+      s1 = hn::MulAdd(ar, Code3<1>(d, g), s1);
+      s2 = hn::MulAdd(ar, Code3<2>(d, g), s2);
+      s3 = hn::MulAdd(ar, Code3<3>(d, g), s3);
+      s4 = hn::MulAdd(ar, Code3<4>(d, g), s4);
+      s5 = hn::MulAdd(ar, Code3<5>(d, g), s5);
+      s6 = hn::MulAdd(ar, Code3<6>(d, g), s6);
+      s7 = hn::MulAdd(ar, Code3<7>(d, g), s7);
+    }
+    hn::StoreU(s0, d, acc + i), hn::StoreU(s1, d, acc + run + i), hn::StoreU(s2, d, acc + 2 * run + i);
+    hn::StoreU(s3, d, acc + 3 * run + i), hn::StoreU(s4, d, acc + 4 * run + i);
+    hn::StoreU(s5, d, acc + 5 * run + i), hn::StoreU(s6, d, acc + 6 * run + i);
+    hn::StoreU(s7, d, acc + 7 * run + i);
+  }
+}
+#endif
+
 // Accumulation of kQ queries over 3-bit rows, phases 4 kH .. 4 kH + 3: one
 // vector of groups at a time over all rows, accumulators in registers.
 template <int kQ, int kH, class D>
@@ -559,6 +596,8 @@ void Accumulate3Half(D d, const std::uint8_t* codes, std::int64_t rows, std::int
     auto s20 = ld(2, 0), s21 = ld(2, 1), s22 = ld(2, 2), s23 = ld(2, 3);
     auto s30 = ld(3, 0), s31 = ld(3, 1), s32 = ld(3, 2), s33 = ld(3, 3);
     for (std::int64_t r = 0; r < rows; ++r) {
+      if (kH == 0 && i == 0)
+        __builtin_prefetch(codes + (r + kPrefetchRows) * row_bytes, 0, 3);  // harmless past the end
       const std::uint8_t* src = r + 1 < rows ? codes + r * row_bytes : last.pad;
       const auto g = LoadGroups3(d, src + 3 * i, perm, shuffle);
       const auto c0 = Code3<4 * kH>(d, g), c1 = Code3<4 * kH + 1>(d, g);
@@ -590,8 +629,14 @@ template <int kQ, class D>
 void Accumulate3(D d, const std::uint8_t* codes, std::int64_t rows, std::int64_t row_bytes, std::int64_t run,
                  const float* a, std::int64_t a_stride, float* acc, std::int64_t acc_stride) {
   const LastRow3 last(run, static_cast<std::int64_t>(hn::Lanes(d)), codes + (rows - 1) * row_bytes);
-  Accumulate3Half<kQ, 0>(d, codes, rows, row_bytes, run, last, a, a_stride, acc, acc_stride);
-  Accumulate3Half<kQ, 1>(d, codes, rows, row_bytes, run, last, a, a_stride, acc, acc_stride);
+#if HWY_TARGET != HWY_SCALAR
+  if constexpr (kQ == 1) {
+    Accumulate3One(d, codes, rows, row_bytes, run, last, a, acc);
+  } else {
+    Accumulate3Half<kQ, 0>(d, codes, rows, row_bytes, run, last, a, a_stride, acc, acc_stride);
+    Accumulate3Half<kQ, 1>(d, codes, rows, row_bytes, run, last, a, a_stride, acc, acc_stride);
+  }
+#endif
   for (std::int64_t i = last.vec; i < run; ++i)
     for (std::int64_t r = 0; r < rows; ++r) {
       const std::uint32_t x = Group3(codes + r * row_bytes, i);
