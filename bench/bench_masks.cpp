@@ -9,16 +9,23 @@
 //      <= 0.2 s) and build + certificate (goal <= 1.7 s; a public Julia
 //      implementation builds it, uncertified, in 1.7 s), next to a random
 //      mask of the same shape and degree (baseline, same run).
+//  cholesky/<variant>: the exact certificate's dense Cholesky at n = 4096 (the
+//      smaller side of (b)) on each instruction-set variant the CPU runs
+//      (avx512, avx2, baseline: the portable build's choice and its
+//      fallbacks, same run).
 // Peak RSS is process-wide: run (b) cases in their own process
 // (scripts/bench.sh does) to read their peak memory.
 #include <benchmark/benchmark.h>
 #include <sys/resource.h>
+
+#include <string>
 
 #include <Eigen/Eigenvalues>
 
 #include "kvcal/graph/generate.h"
 #include "kvcal/graph/lps.h"
 #include "kvcal/spectral/certify.h"
+#include "spectral/pd_llt.h"
 
 namespace {
 using namespace kvcal;
@@ -128,6 +135,32 @@ BENCHMARK_CAPTURE(generate_and_certify, lps_baseline_random_113460x113460_d14_2c
     ->Unit(benchmark::kSecond)
     ->UseRealTime()
     ->Iterations(3);
+
+void cholesky(benchmark::State& state, std::size_t variant) {
+  const auto& v = detail::llt_variants()[variant];
+  const Eigen::Index n = 4096;
+  Eigen::MatrixXd a = Eigen::MatrixXd::Random(n, n);
+  const Eigen::MatrixXd spd = a * a.transpose() / static_cast<double>(n) + Eigen::MatrixXd::Identity(n, n);
+  for (auto _ : state) {
+    state.PauseTiming();
+    a = spd;
+    state.ResumeTiming();
+    if (!v.factor(a.data(), n)) state.SkipWithError("factorization failed");
+  }
+  state.counters["GFLOP_per_s"] =
+      benchmark::Counter(static_cast<double>(n) * n * n / 3 * 1e-9 * state.iterations(), benchmark::Counter::kIsRate);
+}
+
+int register_cholesky() {
+  const auto& vs = detail::llt_variants();
+  for (std::size_t i = 0; i < vs.size(); ++i)
+    benchmark::RegisterBenchmark((std::string("cholesky/") + vs[i].name).c_str(), cholesky, i)
+        ->Unit(benchmark::kMillisecond)
+        ->UseRealTime()
+        ->Iterations(3);
+  return 0;
+}
+const int registered = register_cholesky();
 
 }  // namespace
 
