@@ -685,18 +685,17 @@ HWY_INLINE void InGroupsOf4(std::int64_t nq, F f) {
   }
 }
 
-void CodeScores(const std::uint8_t* codes, std::int64_t rows, std::int64_t row_bytes, int bits, std::int64_t dim,
-                const float* w, std::int64_t nq, std::int64_t w_stride, float* out, std::int64_t out_stride,
-                std::uint8_t* bytes) {
+// The dispatch both code kernels share: 3-bit rows to the group kernels,
+// three(d, kq, run, j); channel-order rows unpacked to bytes first; then the
+// phase-split kernels, split(kq, per, codes, row_bytes, run, j); queries j ..
+// j + kq - 1 four at a time.
+template <class Three, class Split>
+HWY_INLINE void ForCodeLayout(const std::uint8_t* codes, std::int64_t rows, std::int64_t row_bytes, int bits,
+                              std::int64_t dim, std::int64_t nq, std::uint8_t* bytes, Three three, Split split) {
   const Slots sl(bits, dim);
   if (rows <= 0) return;
   if (sl.per == 8) {
-    WithGroupTag3(sl.run, [&](auto d) {
-      InGroupsOf4(nq, [&](auto kq, std::int64_t j) {
-        Scores3<decltype(kq)::value>(d, codes, rows, row_bytes, sl.run, w + j * w_stride, w_stride,
-                                     out + j * out_stride, out_stride);
-      });
-    });
+    WithGroupTag3(sl.run, [&](auto d) { InGroupsOf4(nq, [&](auto kq, std::int64_t j) { three(d, kq, sl.run, j); }); });
     return;
   }
   if (sl.per == 1) {  // one code per byte first, read by every query
@@ -705,36 +704,37 @@ void CodeScores(const std::uint8_t* codes, std::int64_t rows, std::int64_t row_b
     row_bytes = dim;
   }
   const int per = static_cast<int>(sl.per);
-  InGroupsOf4(nq, [&](auto kq, std::int64_t j) {
-    ScoresSplitQ<decltype(kq)::value>(per, codes, rows, row_bytes, sl.run, w + j * w_stride, w_stride,
-                                      out + j * out_stride, out_stride);
-  });
+  InGroupsOf4(nq, [&](auto kq, std::int64_t j) { split(kq, per, codes, row_bytes, sl.run, j); });
+}
+
+void CodeScores(const std::uint8_t* codes, std::int64_t rows, std::int64_t row_bytes, int bits, std::int64_t dim,
+                const float* w, std::int64_t nq, std::int64_t w_stride, float* out, std::int64_t out_stride,
+                std::uint8_t* bytes) {
+  ForCodeLayout(
+      codes, rows, row_bytes, bits, dim, nq, bytes,
+      [&](auto d, auto kq, std::int64_t run, std::int64_t j) {
+        Scores3<decltype(kq)::value>(d, codes, rows, row_bytes, run, w + j * w_stride, w_stride, out + j * out_stride,
+                                     out_stride);
+      },
+      [&](auto kq, int per, const std::uint8_t* c, std::int64_t rb, std::int64_t run, std::int64_t j) {
+        ScoresSplitQ<decltype(kq)::value>(per, c, rows, rb, run, w + j * w_stride, w_stride, out + j * out_stride,
+                                          out_stride);
+      });
 }
 
 void CodeAccumulate(const std::uint8_t* codes, std::int64_t rows, std::int64_t row_bytes, int bits, std::int64_t dim,
                     const float* a, std::int64_t nq, std::int64_t a_stride, float* acc, std::int64_t acc_stride,
                     std::uint8_t* bytes) {
-  const Slots sl(bits, dim);
-  if (rows <= 0) return;
-  if (sl.per == 8) {
-    WithGroupTag3(sl.run, [&](auto d) {
-      InGroupsOf4(nq, [&](auto kq, std::int64_t j) {
-        Accumulate3<decltype(kq)::value>(d, codes, rows, row_bytes, sl.run, a + j * a_stride, a_stride,
+  ForCodeLayout(
+      codes, rows, row_bytes, bits, dim, nq, bytes,
+      [&](auto d, auto kq, std::int64_t run, std::int64_t j) {
+        Accumulate3<decltype(kq)::value>(d, codes, rows, row_bytes, run, a + j * a_stride, a_stride,
                                          acc + j * acc_stride, acc_stride);
+      },
+      [&](auto kq, int per, const std::uint8_t* c, std::int64_t rb, std::int64_t run, std::int64_t j) {
+        AccumulateSplitQ<decltype(kq)::value>(per, c, rows, rb, run, a + j * a_stride, a_stride, acc + j * acc_stride,
+                                              acc_stride);
       });
-    });
-    return;
-  }
-  if (sl.per == 1) {  // one code per byte first, read by every query
-    UnpackBytes(codes, rows, row_bytes, bits, dim, bytes);
-    codes = bytes;
-    row_bytes = dim;
-  }
-  const int per = static_cast<int>(sl.per);
-  InGroupsOf4(nq, [&](auto kq, std::int64_t j) {
-    AccumulateSplitQ<decltype(kq)::value>(per, codes, rows, row_bytes, sl.run, a + j * a_stride, a_stride,
-                                          acc + j * acc_stride, acc_stride);
-  });
 }
 
 // out[c] += bias + acc[slot(c)] for c < per * run (slot(c) = (c % per) *
