@@ -19,10 +19,11 @@ export ASAN_OPTIONS=detect_leaks=1:abort_on_error=0:strict_string_checks=1
 export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
 ctest --test-dir build/asan --output-on-failure -j "$jobs"
 
-# The mask cache's concurrency under ThreadSanitizer: only the runtime's test
-# binary is built, and only its MaskCache tests run (they are the threaded ones).
+# Concurrency under ThreadSanitizer: the runtime's mask cache (its threaded
+# tests) and the CUDA kernels under the host emulation of CUDA, where a
+# missing barrier between threads of a block is a reported race.
 cmake -S . -B build/tsan -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DKVCAL_SANITIZE_THREAD=ON \
   -DKVCAL_BUILD_BENCHMARKS=OFF >/dev/null
-cmake --build build/tsan -j "$jobs" --target kvcal_runtime_tests
+cmake --build build/tsan -j "$jobs" --target kvcal_runtime_tests kvcal_cuda_emulated_tests
 TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1 \
-  ctest --test-dir build/tsan -R '^runtime\.MaskCache' --output-on-failure -j "$jobs"
+  ctest --test-dir build/tsan -R '^runtime\.(MaskCache|HexCudaEmulated\.SmallFlowForRaceChecks)' --output-on-failure -j "$jobs"

@@ -1,0 +1,110 @@
+// The runtime's CUDA kernels (hex_step_kernels.cuh, hex_decode_kernels.cuh),
+// compiled for the host and run under the emulation of cuda_emulation.h,
+// through the paged flow of flow.h: their indexing, barriers, online softmax,
+// split merge and observation are checked on every machine, with or without
+// a GPU (scripts/test.sh also runs this binary under ThreadSanitizer, where a
+// missing barrier is a reported race). The GPU itself is tested by
+// test_hex_cuda.cpp (label cuda).
+#include "cuda_emulation.h"  // first: the CUDA keywords the kernels use
+
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <vector>
+
+#include "flow.h"
+#include "runtime/cuda/hex_decode_kernels.cuh"
+#include "runtime/cuda/hex_step_kernels.cuh"
+
+namespace kvcal::runtime {
+namespace {
+
+using flow::i64;
+using flow::run_flow;
+namespace kc = kvcal::runtime::cuda;
+namespace kk = kvcal::runtime::cuda::kernels;
+
+struct HostBuffer {
+  std::unique_ptr<std::uint8_t[]> data;
+  void* p = nullptr;
+  std::size_t bytes = 0;
+  explicit HostBuffer(std::size_t n) : data(new std::uint8_t[n + 16]()), p(data.get()), bytes(n) {}
+  template <class T>
+  T* as() const {
+    return static_cast<T*>(p);
+  }
+};
+
+// The kernels launched as the library's launchers launch them, on host memory.
+struct Emulated {
+  HostBuffer alloc(std::size_t n) { return HostBuffer(n); }
+  void put(void* dst, const void* src, std::size_t n) { std::memcpy(dst, src, n); }
+  void get(void* dst, const void* src, std::size_t n) { std::memcpy(dst, src, n); }
+  void step(const kc::HexDeviceLayer& L, const HexStepPlan& plan, const half_bits* k, const half_bits* v, int* error) {
+    kc::HexStepArgs a;
+    a.compress = plan.compress.data();
+    a.append = plan.append.data();
+    a.page_ids = plan.page_ids.data();
+    a.n_compress = static_cast<std::int32_t>(plan.compress.size());
+    a.n_append = static_cast<std::int32_t>(plan.append.size());
+    a.rows = plan.token_indptr.back();
+    if (a.n_compress > 0)
+      emu::launch(static_cast<unsigned>(a.n_compress * L.kv_heads), kk::kStepThreads,
+                  kk::compress_shared_bytes(L.geometry), [&] { kk::hex_compress_kernel(L, a, k, v, error); });
+    if (a.n_append > 0)
+      emu::launch(static_cast<unsigned>(a.n_append * L.kv_heads), kk::kStepThreads, 0,
+                  [&] { kk::hex_append_kernel(L, a, k, v); });
+  }
+  void decode(const kc::HexDeviceLayer& L, const HexDecodePlan& plan, const std::vector<std::int32_t>& indptr,
+              const std::vector<std::int32_t>& indices, std::int32_t q_heads, const float* q, float scale, float* out,
+              bool observe) {
+    const std::size_t slots = static_cast<std::size_t>(plan.split_indptr.back());
+    std::vector<float> pmax(slots * q_heads), psum(pmax.size()), pacc(pmax.size() * L.geometry.head_dim);
+    std::vector<float> res(plan.residual_rows.size() * q_heads * L.geometry.block);
+    kc::HexDecodeArgs a;
+    a.items = plan.items.data();
+    a.split_indptr = plan.split_indptr.data();
+    a.residual_rows = plan.residual_rows.data();
+    a.residual_page = plan.residual_page.data();
+    a.page_indptr = indptr.data();
+    a.page_indices = indices.data();
+    a.part_max = pmax.data();
+    a.part_sum = psum.data();
+    a.part_acc = pacc.data();
+    a.res_scores = res.data();
+    a.n_items = static_cast<std::int32_t>(plan.items.size());
+    a.requests = static_cast<std::int32_t>(plan.residual_rows.size());
+    a.slots = static_cast<std::int32_t>(slots);
+    a.q_heads = q_heads;
+    const std::size_t shared = kk::DecodeShared::bytes(q_heads / L.kv_heads, L.geometry.head_dim, L.geometry.block);
+    emu::launch(static_cast<unsigned>(a.n_items), kk::kDecodeThreads, shared,
+                [&] { kk::hex_decode_kernel(L, a, q, scale, observe); });
+    emu::launch(static_cast<unsigned>(a.requests * L.kv_heads), kk::kDecodeThreads, 0,
+                [&] { kk::hex_merge_kernel(L, a, out, observe); });
+  }
+};
+
+// Small shapes (every thread of every block is an OS thread): every bit
+// width, groups 1 to 8, head dims 64 and 128, partial blocks, splits.
+TEST(HexCudaEmulated, FlowMatchesTheHostExecutor) {
+  Emulated emu;
+  for (const char* method : {"hex4", "hex3", "hex2", "fp16", "kcvt3"}) {
+    run_flow({method, 2, 4, 128, 16, {1, 15, 16, 17, 40}, 12, 0}, emu);
+    run_flow({method, 1, 8, 64, 8, {7, 33}, 10, 2}, emu);
+  }
+  run_flow({"hex4", 3, 3, 64, 32, {100}, 4, 1}, emu);
+  run_flow({"h2o2", 2, 1, 128, 16, {50, 3}, 20, 0}, emu);
+}
+
+// The shapes ThreadSanitizer runs (scripts/test.sh): each kernel path once
+// (codes with entries and kept rows, fp16 pages, residual rows, splits).
+TEST(HexCudaEmulated, SmallFlowForRaceChecks) {
+  Emulated emu;
+  run_flow({"hex3", 2, 4, 64, 8, {3, 13}, 5, 1}, emu);
+  run_flow({"fp16", 1, 2, 32, 8, {9}, 2, 0}, emu);
+}
+
+}  // namespace
+}  // namespace kvcal::runtime

@@ -1,0 +1,132 @@
+// Tests of HEX on the GPU (hex_cuda.h): the paged flow of flow.h on the
+// device through the library's upload and run functions. Without a usable
+// CUDA device these tests are SKIPPED with the reason; the argument checks,
+// which run before any CUDA call, run everywhere. The same kernels run on the
+// CPU under the host emulation of CUDA in emulated_kernels.cpp.
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "flow.h"
+
+namespace kvcal::runtime {
+namespace {
+
+using flow::i64;
+using flow::run_flow;
+using flow::Shape;
+namespace kc = kvcal::runtime::cuda;
+
+#define SKIP_WITHOUT_GPU()                                                             \
+  do {                                                                                 \
+    std::string why;                                                                   \
+    if (!kc::device_available(&why)) GTEST_SKIP() << "no usable CUDA device: " << why; \
+  } while (0)
+
+void ok(cudaError_t e, const char* what) {
+  if (e != cudaSuccess) throw Error(std::string(what) + ": " + cudaGetErrorString(e));
+}
+
+// A device buffer, zeroed (freed on scope exit).
+struct Dev {
+  void* p = nullptr;
+  std::size_t bytes = 0;
+  explicit Dev(std::size_t n) : bytes(n) {
+    if (n > 0) {
+      ok(cudaMalloc(&p, n), "cudaMalloc");
+      ok(cudaMemset(p, 0, n), "cudaMemset");
+    }
+  }
+  ~Dev() { cudaFree(p); }
+  Dev(const Dev&) = delete;
+  Dev& operator=(const Dev&) = delete;
+  template <class T>
+  T* as() const {
+    return static_cast<T*>(p);
+  }
+};
+
+// The library's API on the default stream, synchronised after each call.
+struct Gpu {
+  Dev alloc(std::size_t n) { return Dev(n); }
+  void put(void* dst, const void* src, std::size_t n) { ok(cudaMemcpy(dst, src, n, cudaMemcpyHostToDevice), "put"); }
+  void get(void* dst, const void* src, std::size_t n) { ok(cudaMemcpy(dst, src, n, cudaMemcpyDeviceToHost), "get"); }
+  void step(const kc::HexDeviceLayer& L, const HexStepPlan& plan, const half_bits* k, const half_bits* v, int* error) {
+    Dev ws(kc::hex_step_workspace_bytes(plan));
+    const kc::HexStepArgs a = kc::hex_upload_step(plan, ws.p, ws.bytes, nullptr);
+    kc::hex_run_step(L, a, k, v, error, nullptr);
+    ok(cudaDeviceSynchronize(), "step");
+  }
+  void decode(const kc::HexDeviceLayer& L, const HexDecodePlan& plan, const std::vector<std::int32_t>& indptr,
+              const std::vector<std::int32_t>& indices, std::int32_t q_heads, const float* q, float scale, float* out,
+              bool observe) {
+    Dev ws(kc::hex_decode_workspace_bytes(plan, indices, L.geometry, q_heads));
+    const kc::HexDecodeArgs a =
+        kc::hex_upload_decode(plan, indptr, indices, L.geometry, q_heads, ws.p, ws.bytes, nullptr);
+    kc::hex_run_decode(L, a, q, scale, out, observe, nullptr);
+    ok(cudaDeviceSynchronize(), "decode");
+  }
+};
+
+TEST(HexCuda, FlowMatchesTheHostExecutor) {
+  SKIP_WITHOUT_GPU();
+  Gpu gpu;
+  for (const char* method : {"hex4", "hex3", "hex2", "fp16", "kcvt4"})
+    for (const i64 group : {1, 3, 4, 8}) {
+      run_flow({method, 2, group, 128, 32, {1, 31, 32, 33, 200}, 40, 0}, gpu);
+      run_flow({method, 3, group, 64, 16, {7, 129 * 16 - 3}, 20, 3}, gpu);
+    }
+}
+
+TEST(HexCuda, BlockCountsAroundPowersOfTwoAndLongContexts) {
+  SKIP_WITHOUT_GPU();
+  Gpu gpu;
+  // 127, 128 and 129 full blocks (and one token more), then 32K tokens.
+  run_flow({"hex4", 2, 4, 128, 96, {127 * 96, 128 * 96, 129 * 96 + 1}, 3, 0}, gpu);
+  run_flow({"hex3", 8, 4, 128, 96, {32768}, 2, 0}, gpu);
+  run_flow({"hex2", 1, 8, 64, 96, {32768, 5}, 2, 16}, gpu);
+  run_flow({"fp16", 2, 8, 128, 96, {32768}, 2, 0}, gpu);
+}
+
+TEST(HexCuda, ArgumentsAreCheckedBeforeAnyLaunch) {
+  // No device needed: these throw before any CUDA call.
+  HexOptions o = hex_method("kcvt4");
+  o.block = 16;
+  HexPagedCache cache(2, 64, o, nullptr, 8, 1);
+  const std::int32_t id = cache.add_request();
+  const HexStepPlan plan = cache.plan_append({id}, {20});
+  EXPECT_THROW(kc::hex_upload_step(plan, nullptr, 0, nullptr), Error);  // workspace too small
+  kc::HexDeviceLayer L;
+  L.geometry = cache.geometry();
+  L.kv_heads = 2;
+  kc::HexStepArgs sa;
+  EXPECT_THROW(kc::hex_run_step(L, sa, nullptr, nullptr, nullptr, nullptr), Error);  // null pools
+  std::vector<std::uint8_t> fake(16);
+  L.pages = L.residual = fake.data();
+  sa.rows = 3;
+  EXPECT_THROW(kc::hex_run_step(L, sa, nullptr, nullptr, nullptr, nullptr), Error);  // tokens but no k/v
+  kc::HexDecodeArgs da;
+  float x = 0;
+  da.q_heads = 18;  // group 9
+  EXPECT_THROW(kc::hex_run_decode(L, da, &x, 1.0f, &x, false, nullptr), Error);
+  da.q_heads = 3;  // not a multiple
+  EXPECT_THROW(kc::hex_run_decode(L, da, &x, 1.0f, &x, false, nullptr), Error);
+  da.q_heads = 4;
+  EXPECT_THROW(kc::hex_run_decode(L, da, &x, NAN, &x, false, nullptr), Error);
+  kc::HexDeviceLayer wide = L;
+  wide.geometry.head_dim = 256;
+  EXPECT_THROW(kc::hex_run_decode(wide, da, &x, 1.0f, &x, false, nullptr), Error);
+  const HexDecodePlan dp = cache.plan_decode({id});
+  std::vector<std::int32_t> indptr, indices;
+  cache.page_table({id}, indptr, indices);
+  EXPECT_THROW(kc::hex_upload_decode(dp, indptr, indices, L.geometry, 4, nullptr, 0, nullptr), Error);
+  indptr.back() += 1;  // a table that lies about its length
+  EXPECT_THROW(kc::hex_upload_decode(dp, indptr, indices, L.geometry, 4, fake.data(), 1 << 20, nullptr), Error);
+}
+
+}  // namespace
+}  // namespace kvcal::runtime
