@@ -17,3 +17,4 @@ cmake --build "$work/build" >/dev/null
 "$work/prefix/bin/kvcal" mask-certify "$work/mask.h5" | tail -1
 test -f "$work/prefix/include/kvcal/runtime/hex.h" || { echo "runtime headers not installed"; exit 1; }
 "$work/build/engine"
+if [[ -x "$work/build/engine_cuda" ]]; then "$work/build/engine_cuda"; fi
