@@ -96,6 +96,7 @@ TEST(HexCudaEmulated, FlowMatchesTheHostExecutor) {
   }
   run_flow({"hex4", 3, 3, 64, 32, {100}, 4, 1}, emu);
   run_flow({"h2o2", 2, 1, 128, 16, {50, 3}, 20, 0}, emu);
+  run_flow({"hex3", 1, 2, 40, 8, {21}, 3, 0}, emu);  // 15-byte rows: the byte-wise code path
 }
 
 // The shapes ThreadSanitizer runs (scripts/test.sh): each kernel path once

@@ -8,6 +8,27 @@
 namespace kvcal::runtime::cuda::kernels {
 
 constexpr int kDecodeThreads = 128;
+
+// The codes of a packed row in order, read as 32-bit little-endian words
+// (the row's length a multiple of 4 bytes: never reads past it).
+struct CodeReader {
+  const std::uint32_t* w;
+  std::uint64_t buf = 0;
+  int have = 0, bits;
+  unsigned mask;
+  __device__ CodeReader(const std::uint8_t* row, int b)
+      : w(reinterpret_cast<const std::uint32_t*>(row)), bits(b), mask((1u << b) - 1u) {}
+  __device__ unsigned next() {
+    if (have < bits) {
+      buf |= static_cast<std::uint64_t>(*w++) << have;
+      have += 32;
+    }
+    const unsigned c = static_cast<unsigned>(buf) & mask;
+    buf >>= bits;
+    have -= bits;
+    return c;
+  }
+};
 constexpr int kMaxGroup = 8;
 constexpr int kMaxHeadDim = 128;
 
@@ -126,11 +147,17 @@ __global__ void __launch_bounds__(kDecodeThreads)
       } else {
         const std::uint8_t* row = b.k_codes + static_cast<std::int64_t>(info) * b.row_bytes;
         for (int j = 0; j < kMaxGroup; ++j) s[j] = j < G ? S.bias[j] : 0.0f;
-        for (int c = 0; c < d; ++c) {
-          const float code = static_cast<float>(packed_code(row, c, b.bits));
+        const auto add = [&](int c, unsigned code) {
+          const float x = static_cast<float>(code);
 #pragma unroll
           for (int j = 0; j < kMaxGroup; ++j)
-            if (j < G) s[j] += S.qd[j * d + c] * code;
+            if (j < G) s[j] += S.qd[j * d + c] * x;
+        };
+        if (b.row_bytes % 4 == 0) {  // whole 32-bit words (rows start 4-byte aligned)
+          CodeReader r(row, b.bits);
+          for (int c = 0; c < d; ++c) add(c, r.next());
+        } else {
+          for (int c = 0; c < d; ++c) add(c, packed_code(row, c, b.bits));
         }
         for (int e = 0; e < d1; ++e) {  // expander entries: x replaces min_c
           const int c = b.mask_indices[t * d1 + e];
