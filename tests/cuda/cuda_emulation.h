@@ -18,6 +18,7 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <memory>
 #include <thread>
 #include <vector>
@@ -33,13 +34,14 @@
 namespace kvcal::emu {
 
 struct Dim3 {
-  unsigned x = 0, y = 1, z = 1;
+  unsigned x = 0, y = 0, z = 0;
 };
 
 struct Launch {
   std::unique_ptr<std::barrier<>> block;
   std::vector<std::unique_ptr<std::barrier<>>> warps;
   std::vector<float> exchange;  // [warps][32]
+  std::vector<unsigned> votes;  // [warps][32]
   std::vector<unsigned char> shared;
 };
 
@@ -48,24 +50,39 @@ inline Launch* current = nullptr;  // one launch at a time
 
 inline void syncthreads() { current->block->arrive_and_wait(); }
 
-inline float shfl_xor(float x, int offset) {
+template <class T>
+T shfl_xor(T x, int offset) {
+  static_assert(sizeof(T) == 4, "32-bit shuffles only");
   const unsigned t = thread_idx.x, w = t / 32, lane = t % 32;
   float* ex = current->exchange.data() + static_cast<std::size_t>(w) * 32;
-  ex[lane] = x;
+  std::memcpy(ex + lane, &x, 4);
   current->warps[w]->arrive_and_wait();
-  const float y = ex[lane ^ static_cast<unsigned>(offset)];
+  T y;
+  std::memcpy(&y, ex + (lane ^ static_cast<unsigned>(offset)), 4);
   current->warps[w]->arrive_and_wait();
   return y;
 }
 
-// Runs body() as `grid` blocks of `threads` threads (a multiple of 32) with
-// `shared_bytes` of dynamic shared memory.
+inline unsigned ballot(bool pred) {
+  const unsigned t = thread_idx.x, w = t / 32, lane = t % 32;
+  unsigned* v = current->votes.data() + static_cast<std::size_t>(w) * 32;
+  v[lane] = pred ? 1u : 0u;
+  current->warps[w]->arrive_and_wait();
+  unsigned m = 0;
+  for (unsigned l = 0; l < 32; ++l) m |= v[l] << l;
+  current->warps[w]->arrive_and_wait();
+  return m;
+}
+
+// Runs body() as grid x grid_y blocks of `threads` threads (a multiple of
+// 32) with `shared_bytes` of dynamic shared memory.
 template <class Body>
-void launch(unsigned grid, unsigned threads, std::size_t shared_bytes, Body body) {
+void launch(unsigned grid, unsigned threads, std::size_t shared_bytes, Body body, unsigned grid_y = 1) {
   Launch l;
   l.block = std::make_unique<std::barrier<>>(threads);
   for (unsigned w = 0; w < threads / 32; ++w) l.warps.push_back(std::make_unique<std::barrier<>>(32));
   l.exchange.assign(static_cast<std::size_t>(threads), 0.0f);
+  l.votes.assign(static_cast<std::size_t>(threads), 0u);
   l.shared.assign(shared_bytes + 16, 0);
   current = &l;
   std::vector<std::thread> pool;
@@ -73,11 +90,13 @@ void launch(unsigned grid, unsigned threads, std::size_t shared_bytes, Body body
     pool.emplace_back([&, t] {
       thread_idx.x = t;
       block_dim.x = threads;
-      for (unsigned b = 0; b < grid; ++b) {
-        block_idx.x = b;
-        body();
-        syncthreads();  // the block ends before the next one starts
-      }
+      for (unsigned by = 0; by < grid_y; ++by)
+        for (unsigned b = 0; b < grid; ++b) {
+          block_idx.x = b;
+          block_idx.y = by;
+          body();
+          syncthreads();  // the block ends before the next one starts
+        }
     });
   for (auto& th : pool) th.join();
   current = nullptr;
@@ -90,6 +109,10 @@ void launch(unsigned grid, unsigned threads, std::size_t shared_bytes, Body body
 #define blockDim ::kvcal::emu::block_dim
 #define __syncthreads() ::kvcal::emu::syncthreads()
 #define __shfl_xor_sync(mask, x, offset) ::kvcal::emu::shfl_xor(x, offset)
+#define __ballot_sync(mask, pred) ::kvcal::emu::ballot(pred)
+
+inline int __popc(unsigned x) { return __builtin_popcount(x); }
+inline unsigned atomicAdd(unsigned* p, unsigned v) { return std::atomic_ref<unsigned>(*p).fetch_add(v); }
 
 inline float atomicAdd(float* p, float v) { return std::atomic_ref<float>(*p).fetch_add(v); }
 inline int atomicExch(int* p, int v) { return std::atomic_ref<int>(*p).exchange(v); }

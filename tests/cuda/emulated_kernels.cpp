@@ -1,10 +1,12 @@
-// The runtime's CUDA kernels (hex_step_kernels.cuh, hex_decode_kernels.cuh),
-// compiled for the host and run under the emulation of cuda_emulation.h,
-// through the paged flow of flow.h: their indexing, barriers, online softmax,
-// split merge and observation are checked on every machine, with or without
-// a GPU (scripts/test.sh also runs this binary under ThreadSanitizer, where a
+// The runtime's CUDA kernels (hex_step_kernels.cuh, hex_decode_kernels.cuh,
+// hetero_kernels.cuh), compiled for the host and run under the emulation of
+// cuda_emulation.h, through the scenarios of flow.h (HEX over a paged batch)
+// and hetero_flow.h (top-k, drift monitors, satellites, gather): their
+// indexing, barriers, online softmax, split merge, radix select and
+// observation are checked on every machine, with or without a GPU
+// (scripts/test.sh also runs a small subset under ThreadSanitizer, where a
 // missing barrier is a reported race). The GPU itself is tested by
-// test_hex_cuda.cpp (label cuda).
+// test_hex_cuda.cpp (label cuda) through the same scenarios.
 #include "cuda_emulation.h"  // first: the CUDA keywords the kernels use
 
 #include <gtest/gtest.h>
@@ -15,6 +17,8 @@
 #include <vector>
 
 #include "flow.h"
+#include "hetero_flow.h"
+#include "runtime/cuda/hetero_kernels.cuh"
 #include "runtime/cuda/hex_decode_kernels.cuh"
 #include "runtime/cuda/hex_step_kernels.cuh"
 
@@ -39,7 +43,30 @@ struct HostBuffer {
 
 // The kernels launched as the library's launchers launch them, on host memory.
 struct Emulated {
+  static constexpr bool emulated = true;
   HostBuffer alloc(std::size_t n) { return HostBuffer(n); }
+  HostBuffer host_alloc(std::size_t n) { return HostBuffer(n); }
+  // HeteroCache kernels.
+  void top_k(const kc::AttentionRows& rows, const std::int32_t* k, std::int32_t max_k, std::int32_t* out,
+             std::int32_t* len) {
+    emu::launch(static_cast<unsigned>(rows.count), kk::kTopkThreads, 0,
+                [&] { kk::top_k_rows_kernel(rows, k, max_k, out, len); });
+  }
+  void drift_init(const kc::DriftState& s, const kc::AttentionRows& rows) {
+    emu::launch(static_cast<unsigned>(s.pivots), kk::kTopkThreads, 0, [&] { kk::drift_init_kernel(s, rows); });
+  }
+  void drift_step(const kc::DriftState& s, const kc::AttentionRows& rows) {
+    emu::launch(static_cast<unsigned>(s.pivots), kk::kTopkThreads, 0, [&] { kk::drift_step_kernel(s, rows); });
+  }
+  void satellites(const kc::DriftState& s, const kc::AttentionRows& rows, const kc::Satellites& sats, bool when) {
+    emu::launch(static_cast<unsigned>(sats.count), kk::kTopkThreads, 0,
+                [&] { kk::satellite_topk_kernel(s, rows, sats, when); });
+  }
+  void gather(const kc::GatherLists& g) {
+    emu::launch(
+        static_cast<unsigned>(g.count), kk::kGatherThreads, 0, [&] { kk::gather_rows_kernel(g); },
+        static_cast<unsigned>((g.max_k + kk::kGatherRowsPerBlock - 1) / kk::kGatherRowsPerBlock));
+  }
   void put(void* dst, const void* src, std::size_t n) { std::memcpy(dst, src, n); }
   void get(void* dst, const void* src, std::size_t n) { std::memcpy(dst, src, n); }
   void step(const kc::HexDeviceLayer& L, const HexStepPlan& plan, const half_bits* k, const half_bits* v, int* error) {
@@ -105,6 +132,21 @@ TEST(HexCudaEmulated, SmallFlowForRaceChecks) {
   Emulated emu;
   run_flow({"hex3", 2, 4, 64, 8, {3, 13}, 5, 1}, emu);
   run_flow({"fp16", 1, 2, 32, 8, {9}, 2, 0}, emu);
+}
+
+TEST(HeteroCudaEmulated, TopKMatchesTheCpuWithTiesAndAnyLength) {
+  Emulated emu;
+  hetero_flow::top_k(emu);
+}
+
+TEST(HeteroCudaEmulated, DriftMonitorsAndFetchesMatchTheCpu) {
+  Emulated emu;
+  hetero_flow::drift(emu);
+}
+
+TEST(HeteroCudaEmulated, GatherCopiesListedRowsExactly) {
+  Emulated emu;
+  hetero_flow::gather(emu);
 }
 
 }  // namespace

@@ -12,6 +12,8 @@
 #include <vector>
 
 #include "flow.h"
+#include "hetero_flow.h"
+#include "kvcal/runtime/hetero_cuda.h"
 
 namespace kvcal::runtime {
 namespace {
@@ -42,6 +44,7 @@ struct Dev {
     }
   }
   ~Dev() { cudaFree(p); }
+  Dev(Dev&& o) noexcept : p(o.p), bytes(o.bytes) { o.p = nullptr; }
   Dev(const Dev&) = delete;
   Dev& operator=(const Dev&) = delete;
   template <class T>
@@ -50,9 +53,49 @@ struct Dev {
   }
 };
 
+// Pinned host memory mapped into the device's address space (freed on scope exit).
+struct Pinned {
+  void* p = nullptr;
+  std::size_t bytes = 0;
+  explicit Pinned(std::size_t n) : bytes(n) {
+    if (n > 0) ok(cudaHostAlloc(&p, n, cudaHostAllocMapped), "cudaHostAlloc");
+  }
+  ~Pinned() { cudaFreeHost(p); }
+  Pinned(Pinned&& o) noexcept : p(o.p), bytes(o.bytes) { o.p = nullptr; }
+  Pinned(const Pinned&) = delete;
+  Pinned& operator=(const Pinned&) = delete;
+};
+
 // The library's API on the default stream, synchronised after each call.
 struct Gpu {
+  static constexpr bool emulated = false;
   Dev alloc(std::size_t n) { return Dev(n); }
+  Pinned host_alloc(std::size_t n) { return Pinned(n); }
+  void sync(const char* what) { ok(cudaDeviceSynchronize(), what); }
+  void top_k(const kc::AttentionRows& rows, const std::int32_t* k, std::int32_t max_k, std::int32_t* out,
+             std::int32_t* len) {
+    kc::top_k_rows(rows, k, max_k, out, len, nullptr);
+    sync("top_k_rows");
+  }
+  void drift_init(const kc::DriftState& s, const kc::AttentionRows& rows) {
+    kc::drift_init(s, rows, nullptr);
+    sync("drift_init");
+  }
+  void drift_step(const kc::DriftState& s, const kc::AttentionRows& rows) {
+    kc::drift_step(s, rows, nullptr);
+    sync("drift_step");
+  }
+  void satellites(const kc::DriftState& s, const kc::AttentionRows& rows, const kc::Satellites& sats, bool when) {
+    kc::satellite_topk(s, rows, sats, when, nullptr);
+    sync("satellite_topk");
+  }
+  void gather(const kc::GatherLists& g) {
+    cudaStream_t side;  // a second stream, as an engine overlaps retrieval with compute
+    ok(cudaStreamCreateWithFlags(&side, cudaStreamNonBlocking), "stream");
+    kc::gather_rows(g, side);
+    ok(cudaStreamSynchronize(side), "gather_rows");
+    cudaStreamDestroy(side);
+  }
   void put(void* dst, const void* src, std::size_t n) { ok(cudaMemcpy(dst, src, n, cudaMemcpyHostToDevice), "put"); }
   void get(void* dst, const void* src, std::size_t n) { ok(cudaMemcpy(dst, src, n, cudaMemcpyDeviceToHost), "get"); }
   void step(const kc::HexDeviceLayer& L, const HexStepPlan& plan, const half_bits* k, const half_bits* v, int* error) {
@@ -90,6 +133,24 @@ TEST(HexCuda, BlockCountsAroundPowersOfTwoAndLongContexts) {
   run_flow({"hex3", 8, 4, 128, 96, {32768}, 2, 0}, gpu);
   run_flow({"hex2", 1, 8, 64, 96, {32768, 5}, 2, 16}, gpu);
   run_flow({"fp16", 2, 8, 128, 96, {32768}, 2, 0}, gpu);
+}
+
+TEST(HeteroCuda, TopKMatchesTheCpuWithTiesAndAnyLength) {
+  SKIP_WITHOUT_GPU();
+  Gpu gpu;
+  hetero_flow::top_k(gpu);
+}
+
+TEST(HeteroCuda, DriftMonitorsAndFetchesMatchTheCpu) {
+  SKIP_WITHOUT_GPU();
+  Gpu gpu;
+  hetero_flow::drift(gpu);
+}
+
+TEST(HeteroCuda, GatherFromMappedHostMemoryOnASecondStream) {
+  SKIP_WITHOUT_GPU();
+  Gpu gpu;
+  hetero_flow::gather(gpu);
 }
 
 TEST(HexCuda, ArgumentsAreCheckedBeforeAnyLaunch) {

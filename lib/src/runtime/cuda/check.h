@@ -9,6 +9,7 @@
 #include <string>
 
 #include "kvcal/runtime/common.h"
+#include "runtime/cuda/carve.h"
 
 namespace kvcal::runtime::cuda::detail {
 
@@ -24,17 +25,5 @@ inline void check_launch(const char* kernel) {
     throw Error(std::string("CUDA kernel ") + kernel + " failed to launch: " + cudaGetErrorName(e) + " (" +
                 cudaGetErrorString(e) + ")");
 }
-
-// Workspace carving: arrays one after another, each 256-byte aligned.
-struct Carve {
-  std::uint8_t* base;
-  std::size_t used = 0;
-  template <class T>
-  T* take(std::size_t n) {
-    T* p = reinterpret_cast<T*>(base ? base + used : nullptr);
-    used += (n * sizeof(T) + 255) & ~std::size_t{255};
-    return p;
-  }
-};
 
 }  // namespace kvcal::runtime::cuda::detail

@@ -1,0 +1,214 @@
+// The HeteroCache kernels (hetero_cuda.h): a top-k radix select over one row
+// per thread block, the drift monitors' step, the satellites' lists and the
+// host-to-device gather. Included by hetero.cu and by the host emulation
+// (tests/cuda/emulated_kernels.cpp); see kernels_common.cuh.
+#pragma once
+
+#include <cstdint>
+#include <cstring>
+
+#include "kvcal/runtime/hetero_cuda.h"
+#include "runtime/cuda/kernels_common.cuh"
+
+namespace kvcal::runtime::cuda::kernels {
+
+constexpr int kTopkThreads = 256;
+
+// A float's position in an unsigned order (-0 and +0 tie, as they compare equal).
+__device__ inline std::uint32_t order_key(float x) {
+  std::uint32_t u = 0;
+  if (x != 0.0f) std::memcpy(&u, &x, 4);
+  return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+}
+
+struct TopkShared {
+  unsigned hist[256];
+  int warp_eq[32], warp_sel[32];
+  int chosen;
+  unsigned remaining;
+};
+
+// The k largest of x[0..n) (ties: lower index first) into out, ascending, by
+// one thread block; returns min(k, n) in every thread. Four 8-bit radix
+// passes find the k-th largest key T and how many of the keys equal to T to
+// take; one pass then writes the indices in order (ballot counts per warp).
+__device__ inline int top_k_block(const float* x, int n, int k, std::int32_t* out, TopkShared& sh) {
+  const int tid = threadIdx.x, nt = blockDim.x, lane = tid % 32, warp = tid / 32, warps = nt / 32;
+  if (k > n) k = n;
+  if (k <= 0) return 0;
+  if (k == n) {
+    for (int i = tid; i < n; i += nt) out[i] = i;
+    return n;
+  }
+  std::uint32_t prefix = 0, mask = 0;
+  unsigned remaining = static_cast<unsigned>(k);
+  for (int shift = 24; shift >= 0; shift -= 8) {
+    for (int b = tid; b < 256; b += nt) sh.hist[b] = 0;
+    __syncthreads();
+    for (int i = tid; i < n; i += nt) {
+      const std::uint32_t u = order_key(x[i]);
+      if ((u & mask) == prefix) atomicAdd(&sh.hist[(u >> shift) & 255u], 1u);
+    }
+    __syncthreads();
+    if (tid == 0) {  // the bin, from the top, where the count reaches `remaining`
+      unsigned above = 0;
+      int b = 255;
+      for (; b > 0 && above + sh.hist[b] < remaining; --b) above += sh.hist[b];
+      sh.chosen = b;
+      sh.remaining = remaining - above;
+    }
+    __syncthreads();
+    // (Read before the next pass's first barrier, after which thread 0 writes again.)
+    prefix |= static_cast<std::uint32_t>(sh.chosen) << shift;
+    mask |= 255u << shift;
+    remaining = sh.remaining;
+  }
+  int written = 0, eq_seen = 0;
+  const unsigned below = (1u << lane) - 1u;
+  for (int base = 0; base < n; base += nt) {
+    const int i = base + tid;
+    const std::uint32_t u = i < n ? order_key(x[i]) : 0u;
+    const bool gt = i < n && u > prefix, eq = i < n && u == prefix;
+    const unsigned meq = __ballot_sync(0xffffffffu, eq);
+    if (lane == 0) sh.warp_eq[warp] = __popc(meq);
+    __syncthreads();
+    int eq_before = eq_seen + __popc(meq & below), eq_tile = 0;
+    for (int w = 0; w < warps; ++w) {
+      if (w < warp) eq_before += sh.warp_eq[w];
+      eq_tile += sh.warp_eq[w];
+    }
+    const bool sel = gt || (eq && eq_before < static_cast<int>(remaining));
+    const unsigned msel = __ballot_sync(0xffffffffu, sel);
+    if (lane == 0) sh.warp_sel[warp] = __popc(msel);
+    __syncthreads();
+    int pos = written + __popc(msel & below), sel_tile = 0;
+    for (int w = 0; w < warps; ++w) {
+      if (w < warp) pos += sh.warp_sel[w];
+      sel_tile += sh.warp_sel[w];
+    }
+    if (sel) out[pos] = i;
+    written += sel_tile;
+    eq_seen += eq_tile;
+    __syncthreads();  // the warp counts are rewritten by the next tile
+  }
+  return written;
+}
+
+__global__ void __launch_bounds__(kTopkThreads)
+    top_k_rows_kernel(AttentionRows rows, const std::int32_t* k, std::int32_t max_k, std::int32_t* out,
+                      std::int32_t* len) {
+  __shared__ TopkShared sh;
+  const int r = blockIdx.x;
+  const int kr = k[r] < max_k ? k[r] : max_k;
+  const int got = top_k_block(rows.rows[r], rows.n[r], kr, out + static_cast<std::int64_t>(r) * max_k, sh);
+  if (threadIdx.x == 0) len[r] = got;
+}
+
+__global__ void __launch_bounds__(kTopkThreads) drift_init_kernel(DriftState s, AttentionRows rows) {
+  __shared__ TopkShared sh;
+  const int p = blockIdx.x;
+  const int got = top_k_block(rows.rows[p], rows.n[p], s.l_base, s.base + static_cast<std::int64_t>(p) * s.l_base, sh);
+  if (threadIdx.x == 0) {
+    s.base_len[p] = got;
+    s.cur_len[p] = 0;
+    s.result[p] = DriftResult{};
+  }
+  for (int w = threadIdx.x; w < s.window; w += blockDim.x) s.overlaps[static_cast<std::int64_t>(p) * s.window + w] = 0;
+}
+
+__global__ void __launch_bounds__(kTopkThreads) drift_step_kernel(DriftState s, AttentionRows rows) {
+  __shared__ TopkShared sh;
+  __shared__ int counts[32];
+  __shared__ int drifted;
+  const int p = blockIdx.x, tid = threadIdx.x, nt = blockDim.x, lane = tid % 32, warp = tid / 32;
+  std::int32_t* cur = s.current + static_cast<std::int64_t>(p) * s.l_base;
+  const std::int32_t* base = s.base + static_cast<std::int64_t>(p) * s.l_base;
+  const int len = top_k_block(rows.rows[p], rows.n[p], s.l_base, cur, sh);
+  __syncthreads();  // cur complete
+  const int blen = s.base_len[p];
+  int hits = 0;
+  for (int t = tid; t < len; t += nt) {  // |cur ∩ base|: binary search of each current index
+    const std::int32_t v = cur[t];
+    int lo = 0, hi = blen;
+    while (lo < hi) {
+      const int mid = (lo + hi) / 2;
+      if (base[mid] < v)
+        lo = mid + 1;
+      else
+        hi = mid;
+    }
+    hits += lo < blen && base[lo] == v ? 1 : 0;
+  }
+  for (int o = 16; o > 0; o >>= 1) hits += __shfl_xor_sync(0xffffffffu, hits, o);
+  if (lane == 0) counts[warp] = hits;
+  __syncthreads();
+  if (tid == 0) {
+    int both = 0;
+    for (int w = 0; w < nt / 32; ++w) both += counts[w];
+    DriftResult r = s.result[p];
+    r.steps += 1;
+    std::int32_t* ov = s.overlaps + static_cast<std::int64_t>(p) * s.window;
+    ov[(r.steps - 1) % s.window] = both;
+    r.overlap = static_cast<double>(both) / static_cast<double>(s.l_base);
+    r.checked = r.drift = 0;
+    r.median = 0;
+    if (r.steps % s.window == 0) {        // the window's median (DriftMonitor::step's arithmetic)
+      for (int a = 1; a < s.window; ++a)  // insertion sort of W counts (W is small)
+        for (int b = a; b > 0 && ov[b - 1] > ov[b]; --b) {
+          const std::int32_t t = ov[b];
+          ov[b] = ov[b - 1];
+          ov[b - 1] = t;
+        }
+      const int m = s.window;
+      const double lb = static_cast<double>(s.l_base);
+      r.median = m % 2 ? ov[m / 2] / lb : 0.5 * (ov[m / 2 - 1] / lb + ov[m / 2] / lb);
+      r.checked = 1;
+      r.drift = r.median < s.tau ? 1 : 0;
+      r.drifts += r.drift;
+    }
+    s.result[p] = r;
+    s.cur_len[p] = len;
+    drifted = r.drift;
+  }
+  __syncthreads();
+  if (drifted) {  // the base set becomes this step's set
+    std::int32_t* b = s.base + static_cast<std::int64_t>(p) * s.l_base;
+    for (int t = tid; t < len; t += nt) b[t] = cur[t];
+    if (tid == 0) s.base_len[p] = len;
+  }
+}
+
+__global__ void __launch_bounds__(kTopkThreads)
+    satellite_topk_kernel(DriftState s, AttentionRows rows, Satellites sats, bool when_drifted) {
+  __shared__ TopkShared sh;
+  const int i = blockIdx.x, p = sats.pivot_of[i];
+  if (when_drifted && !s.result[p].drift) {
+    if (threadIdx.x == 0) sats.len[i] = 0;
+    return;
+  }
+  const int k = sats.k[i] < sats.max_k ? sats.k[i] : sats.max_k;
+  const int got = top_k_block(rows.rows[p], rows.n[p], k, sats.tokens + static_cast<std::int64_t>(i) * sats.max_k, sh);
+  if (threadIdx.x == 0) sats.len[i] = got;
+}
+
+constexpr int kGatherThreads = 128, kGatherRowsPerBlock = 16;
+
+// Grid (lists, ceil(max_k / 16)): each block copies up to 16 rows of one list.
+__global__ void __launch_bounds__(kGatherThreads) gather_rows_kernel(GatherLists g) {
+  const int i = blockIdx.x, d = g.head_dim;
+  const int first = blockIdx.y * kGatherRowsPerBlock, len = g.len[i];
+  const half_bits* hk = g.host_k[i];
+  const half_bits* hv = g.host_v[i];
+  half_bits* dk = g.dst_k[i];
+  half_bits* dv = g.dst_v[i];
+  for (int x = threadIdx.x; x < kGatherRowsPerBlock * d; x += blockDim.x) {
+    const int t = first + x / d, c = x % d;
+    if (t >= len) break;
+    const std::int64_t src =
+        static_cast<std::int64_t>(g.tokens[static_cast<std::int64_t>(i) * g.max_k + t]) * g.token_stride + c;
+    dk[static_cast<std::int64_t>(t) * d + c] = hk[src];
+    dv[static_cast<std::int64_t>(t) * d + c] = hv[src];
+  }
+}
+
+}  // namespace kvcal::runtime::cuda::kernels
