@@ -26,4 +26,4 @@ cmake -S . -B build/tsan -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DKVCAL_SANI
   -DKVCAL_BUILD_BENCHMARKS=OFF >/dev/null
 cmake --build build/tsan -j "$jobs" --target kvcal_runtime_tests kvcal_cuda_emulated_tests
 TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1 \
-  ctest --test-dir build/tsan -R '^runtime\.(MaskCache|HexCudaEmulated\.SmallFlowForRaceChecks|HeteroCudaEmulated\.(DriftMonitors|Gather))' --output-on-failure -j "$jobs"
+  ctest --test-dir build/tsan -R '^runtime\.(MaskCache|HexCudaEmulated\.SmallFlowForRaceChecks|HeteroCudaEmulated\.(DriftMonitors|Gather)|ChessCudaEmulated)' --output-on-failure -j "$jobs"

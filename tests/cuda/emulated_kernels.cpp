@@ -16,8 +16,10 @@
 #include <memory>
 #include <vector>
 
+#include "chess_flow.h"
 #include "flow.h"
 #include "hetero_flow.h"
+#include "runtime/cuda/chess_kernels.cuh"
 #include "runtime/cuda/hetero_kernels.cuh"
 #include "runtime/cuda/hex_decode_kernels.cuh"
 #include "runtime/cuda/hex_step_kernels.cuh"
@@ -46,6 +48,27 @@ struct Emulated {
   static constexpr bool emulated = true;
   HostBuffer alloc(std::size_t n) { return HostBuffer(n); }
   HostBuffer host_alloc(std::size_t n) { return HostBuffer(n); }
+  // CHESS kernels, launched as chess.cu launches them.
+  void chess_append(const kc::ChessDeviceBatch& b, const half_bits* keys, std::int64_t stride, std::int32_t offset,
+                    std::int32_t width, const std::int32_t* indptr, const std::int32_t* before) {
+    emu::launch(
+        static_cast<unsigned>(b.requests), kk::kChessThreads, 0,
+        [&] { kk::chess_append_kernel(kk::ChessView{b}, keys, stride, offset, width, indptr, before); },
+        static_cast<unsigned>((width + kk::kChessThreads - 1) / kk::kChessThreads));
+  }
+  void chess_select(const kc::ChessDeviceBatch& b, const std::int32_t* tokens, const kc::ChessPageTable& t) {
+    const kk::ChessView v{b};
+    const auto R = static_cast<unsigned>(b.requests);
+    emu::launch(
+        R, kk::kChessThreads, 0, [&] { kk::chess_anchor_kernel(v, tokens); },
+        static_cast<unsigned>((b.dim + kk::kChessThreads - 1) / kk::kChessThreads));
+    const int rows = b.max_grids + b.max_chunks + b.max_pages, per = kk::kChessThreads / 32;
+    emu::launch(
+        R, kk::kChessThreads, 0, [&] { kk::chess_score_kernel(v, tokens); },
+        static_cast<unsigned>((rows + per - 1) / per));
+    emu::launch(R, kk::kChessSelectThreads, 0, [&] { kk::chess_select_kernel(v, tokens); });
+    emu::launch(R, kk::kChessThreads, 0, [&] { kk::chess_table_kernel(v, tokens, t); });
+  }
   // HeteroCache kernels.
   void top_k(const kc::AttentionRows& rows, const std::int32_t* k, std::int32_t max_k, std::int32_t* out,
              std::int32_t* len) {
@@ -132,6 +155,11 @@ TEST(HexCudaEmulated, SmallFlowForRaceChecks) {
   Emulated emu;
   run_flow({"hex3", 2, 4, 64, 8, {3, 13}, 5, 1}, emu);
   run_flow({"fp16", 1, 2, 32, 8, {9}, 2, 0}, emu);
+}
+
+TEST(ChessCudaEmulated, BatchSelectionMatchesSelectBatch) {
+  Emulated emu;
+  chess_flow::batch(emu);
 }
 
 TEST(HeteroCudaEmulated, TopKMatchesTheCpuWithTiesAndAnyLength) {

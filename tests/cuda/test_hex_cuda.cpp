@@ -11,8 +11,10 @@
 #include <string>
 #include <vector>
 
+#include "chess_flow.h"
 #include "flow.h"
 #include "hetero_flow.h"
+#include "kvcal/runtime/chess_cuda.h"
 #include "kvcal/runtime/hetero_cuda.h"
 
 namespace kvcal::runtime {
@@ -72,6 +74,15 @@ struct Gpu {
   Dev alloc(std::size_t n) { return Dev(n); }
   Pinned host_alloc(std::size_t n) { return Pinned(n); }
   void sync(const char* what) { ok(cudaDeviceSynchronize(), what); }
+  void chess_append(const kc::ChessDeviceBatch& b, const half_bits* keys, std::int64_t stride, std::int32_t offset,
+                    std::int32_t width, const std::int32_t* indptr, const std::int32_t* before) {
+    kc::chess_append(b, keys, stride, offset, width, indptr, before, nullptr);
+    sync("chess_append");
+  }
+  void chess_select(const kc::ChessDeviceBatch& b, const std::int32_t* tokens, const kc::ChessPageTable& t) {
+    kc::chess_select(b, tokens, t, nullptr);
+    sync("chess_select");
+  }
   void top_k(const kc::AttentionRows& rows, const std::int32_t* k, std::int32_t max_k, std::int32_t* out,
              std::int32_t* len) {
     kc::top_k_rows(rows, k, max_k, out, len, nullptr);
@@ -133,6 +144,12 @@ TEST(HexCuda, BlockCountsAroundPowersOfTwoAndLongContexts) {
   run_flow({"hex3", 8, 4, 128, 96, {32768}, 2, 0}, gpu);
   run_flow({"hex2", 1, 8, 64, 96, {32768, 5}, 2, 16}, gpu);
   run_flow({"fp16", 2, 8, 128, 96, {32768}, 2, 0}, gpu);
+}
+
+TEST(ChessCuda, BatchSelectionMatchesSelectBatch) {
+  SKIP_WITHOUT_GPU();
+  Gpu gpu;
+  chess_flow::batch(gpu);
 }
 
 TEST(HeteroCuda, TopKMatchesTheCpuWithTiesAndAnyLength) {

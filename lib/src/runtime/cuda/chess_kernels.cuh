@@ -1,0 +1,233 @@
+// The CHESS kernels (chess_cuda.h): summaries updated per dimension with the
+// CPU's arithmetic, the anchor, one dot product per summary row, the
+// hierarchical selection of one request per thread block (a bitonic sort of
+// each level's scores in shared memory for its quantile), and the
+// paged-attention table. Included by chess.cu and by the host emulation
+// (tests/cuda/emulated_kernels.cpp); see kernels_common.cuh.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+
+#include "kvcal/runtime/chess_cuda.h"
+#include "runtime/cuda/kernels_common.cuh"
+
+namespace kvcal::runtime::cuda::kernels {
+
+constexpr int kChessThreads = 128, kChessSelectThreads = 512;
+
+struct ChessView {
+  ChessDeviceBatch b;
+  __device__ std::int64_t rows() const { return std::int64_t{b.max_grids} + b.max_chunks + b.max_pages; }
+  __device__ float* page(int r, int p) const {
+    return b.pages + (static_cast<std::int64_t>(r) * b.max_pages + p) * b.dim;
+  }
+  __device__ float* chunk(int r, int c) const {
+    return b.chunks + (static_cast<std::int64_t>(r) * b.max_chunks + c) * b.dim;
+  }
+  __device__ float* grid(int r, int g) const {
+    return b.grids + (static_cast<std::int64_t>(r) * b.max_grids + g) * b.dim;
+  }
+};
+
+// Grid (requests, ceil(width / threads)): each thread owns one dimension of
+// one request and runs ChessIndex's per-dimension updates over its new tokens.
+__global__ void __launch_bounds__(kChessThreads)
+    chess_append_kernel(ChessView v, const half_bits* keys, std::int64_t stride, int offset, int width,
+                        const std::int32_t* indptr, const std::int32_t* before) {
+  const ChessDeviceBatch& b = v.b;
+  const int r = blockIdx.x, x = blockIdx.y * blockDim.x + threadIdx.x;
+  if (x >= width) return;
+  const int j = offset + x, B = b.page_size, Nc = b.chunk_pages, Ng = b.grid_chunks;
+  const std::int64_t at = static_cast<std::int64_t>(r) * b.dim + j;
+  double sum = b.page_sum[at], cacc = b.chunk_acc[at], gacc = b.grid_acc[at];
+  const int first = indptr[r], n = indptr[r + 1] - first;
+  std::int64_t tokens = before[r];
+  for (int i = 0; i < n; ++i) {
+    sum += static_cast<double>(half_to_float(keys[(first + i) * stride + x]));
+    if (++tokens % B != 0) continue;
+    const int p = static_cast<int>(tokens / B) - 1;
+    if (p >= b.max_pages) continue;  // beyond the store (the host sizes it)
+    const float pv = static_cast<float>(sum * (1.0 / static_cast<double>(B)));
+    sum = 0.0;
+    v.page(r, p)[j] = pv;
+    const int c = p / Nc, g = c / Ng, in_chunk = p % Nc + 1, in_grid = c % Ng + 1;
+    if (p % Nc == 0) {
+      cacc = 0.0;
+      if (c % Ng == 0) gacc = 0.0;
+    }
+    float* cv = v.chunk(r, c);
+    const double old_c = in_chunk > 1 ? static_cast<double>(cv[j]) : 0.0;
+    cacc += pv;
+    const double new_c = cacc / static_cast<double>(in_chunk);
+    cv[j] = static_cast<float>(new_c);
+    gacc += new_c - old_c;
+    v.grid(r, g)[j] = static_cast<float>(gacc / static_cast<double>(in_grid));
+  }
+  b.page_sum[at] = sum;
+  b.chunk_acc[at] = cacc;
+  b.grid_acc[at] = gacc;
+}
+
+// Grid (requests, ceil(dim / threads)): ChessIndex::anchor().
+__global__ void __launch_bounds__(kChessThreads) chess_anchor_kernel(ChessView v, const std::int32_t* tokens) {
+  const ChessDeviceBatch& b = v.b;
+  const int r = blockIdx.x, j = blockIdx.y * blockDim.x + threadIdx.x;
+  if (j >= b.dim) return;
+  const int P = tokens[r] / b.page_size, partial = tokens[r] % b.page_size;
+  double acc = 0.0;
+  int count = 0;
+  if (P > 0) {
+    for (int p = P - b.recent_pages > 0 ? P - b.recent_pages : 0; p < P; ++p, ++count)
+      acc += static_cast<double>(v.page(r, p)[j]);
+  } else {
+    acc = b.page_sum[static_cast<std::int64_t>(r) * b.dim + j];
+    count = partial;
+  }
+  b.anchor[static_cast<std::int64_t>(r) * b.dim + j] = count > 0 ? static_cast<float>(acc / count) : 0.0f;
+}
+
+// Grid (requests, ceil(rows / warps)): one warp per summary row, scores in
+// the order grids, chunks, pages.
+__global__ void __launch_bounds__(kChessThreads) chess_score_kernel(ChessView v, const std::int32_t* tokens) {
+  const ChessDeviceBatch& b = v.b;
+  const int r = blockIdx.x, lane = threadIdx.x % 32;
+  const int q = blockIdx.y * (blockDim.x / 32) + threadIdx.x / 32;
+  const int P = tokens[r] / b.page_size;
+  const int C = (P + b.chunk_pages - 1) / b.chunk_pages, G = (C + b.grid_chunks - 1) / b.grid_chunks;
+  if (q >= G + C + P) return;  // whole warps leave together
+  const float* row = q < G ? v.grid(r, q) : (q < G + C ? v.chunk(r, q - G) : v.page(r, q - G - C));
+  const float* a = b.anchor + static_cast<std::int64_t>(r) * b.dim;
+  float s = 0.0f;
+  for (int j = lane; j < b.dim; j += 32) s += a[j] * row[j];
+  for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+  if (lane == 0) {
+    const int col = q < G ? q : (q < G + C ? b.max_grids + (q - G) : b.max_grids + b.max_chunks + (q - G - C));
+    b.scores[static_cast<std::int64_t>(r) * v.rows() + col] = s;
+  }
+}
+
+// One level of Algorithm 1 by a thread block: S' = S * active; tau =
+// quantile(S', 1 - rho) (linear interpolation); mask = S' >= tau & active.
+// active null: every unit active.
+__device__ inline void chess_level(const float* s, int n, const std::uint8_t* active, double rho, std::uint8_t* mask,
+                                   float* buf, float* tau_out) {
+  const int tid = threadIdx.x, nt = blockDim.x;
+  int N = 1;
+  while (N < n) N <<= 1;
+  for (int i = tid; i < N; i += nt) buf[i] = i < n ? ((!active || active[i]) ? s[i] : 0.0f) : INFINITY;
+  __syncthreads();
+  for (int k = 2; k <= N; k <<= 1)  // bitonic sort, ascending
+    for (int j = k >> 1; j > 0; j >>= 1) {
+      for (int i = tid; i < N; i += nt) {
+        const int l = i ^ j;
+        if (l > i) {
+          const bool up = (i & k) == 0;
+          const float a = buf[i], c = buf[l];
+          if ((a > c) == up) {
+            buf[i] = c;
+            buf[l] = a;
+          }
+        }
+      }
+      __syncthreads();
+    }
+  if (tid == 0) {
+    const double pos = (1.0 - rho) * static_cast<double>(n - 1);
+    const int lo = static_cast<int>(floor(pos));
+    const int hi = lo + 1 < n - 1 ? lo + 1 : n - 1;
+    const float a = buf[lo], c = hi != lo ? buf[lo + 1] : a;
+    const double frac = pos - static_cast<double>(lo);
+    *tau_out = static_cast<float>(static_cast<double>(a) + frac * (static_cast<double>(c) - a));
+  }
+  __syncthreads();
+  const float tau = *tau_out;
+  for (int i = tid; i < n; i += nt) {
+    const bool on = !active || active[i];
+    mask[i] = (on ? s[i] : 0.0f) >= tau && on ? 1 : 0;
+  }
+  __syncthreads();
+}
+
+// One request per thread block: the three levels, sinks and recent pages,
+// then its selected pages in order (and the partial page) into `selected`.
+__global__ void __launch_bounds__(kChessSelectThreads) chess_select_kernel(ChessView v, const std::int32_t* tokens) {
+  const ChessDeviceBatch& b = v.b;
+  const int r = blockIdx.x, tid = threadIdx.x, nt = blockDim.x, lane = tid % 32, warp = tid / 32;
+  __shared__ float buf[kChessMaxPages];
+  __shared__ float tau;
+  __shared__ int warp_sel[32];
+  const int P = tokens[r] / b.page_size, partial = tokens[r] % b.page_size;
+  const int C = (P + b.chunk_pages - 1) / b.chunk_pages, G = (C + b.grid_chunks - 1) / b.grid_chunks;
+  std::int32_t* out = b.selected + static_cast<std::int64_t>(r) * (b.max_pages + 1);
+  if (P > b.max_pages) {  // beyond the store: select nothing rather than read out of it
+    if (tid == 0) b.selected_len[r] = 0;
+    return;
+  }
+  if (P > 0) {
+    const float* s = b.scores + static_cast<std::int64_t>(r) * v.rows();
+    std::uint8_t* gm = b.masks + static_cast<std::int64_t>(r) * v.rows();
+    std::uint8_t* cm = gm + b.max_grids;
+    std::uint8_t* pm = cm + b.max_chunks;
+    chess_level(s, G, nullptr, b.rho_grid, gm, buf, &tau);
+    // Each level's active flags (its parents' masks) are written where its own
+    // mask goes: chess_level reads flag i before the same thread writes mask i.
+    for (int c = tid; c < C; c += nt) cm[c] = gm[c / b.grid_chunks];
+    __syncthreads();
+    chess_level(s + b.max_grids, C, cm, b.rho_chunk, cm, buf, &tau);
+    for (int p = tid; p < P; p += nt) pm[p] = cm[p / b.chunk_pages];
+    __syncthreads();
+    chess_level(s + b.max_grids + b.max_chunks, P, pm, b.rho_page, pm, buf, &tau);
+    for (int p = tid; p < P; p += nt)
+      if (p < b.sink_pages || p >= P - b.recent_pages) pm[p] = 1;
+    __syncthreads();
+    int written = 0;
+    const unsigned below = (1u << lane) - 1u;
+    for (int base = 0; base < P; base += nt) {  // the selected pages in order
+      const int p = base + tid;
+      const bool sel = p < P && pm[p];
+      const unsigned m = __ballot_sync(0xffffffffu, sel);
+      if (lane == 0) warp_sel[warp] = __popc(m);
+      __syncthreads();
+      int pos = written + __popc(m & below), tile = 0;
+      for (int w = 0; w < nt / 32; ++w) {
+        if (w < warp) pos += warp_sel[w];
+        tile += warp_sel[w];
+      }
+      if (sel) out[pos] = p;
+      written += tile;
+      __syncthreads();
+    }
+    if (tid == 0) {
+      if (partial > 0) out[written++] = P;
+      b.selected_len[r] = written;
+    }
+  } else if (tid == 0) {
+    if (partial > 0) out[0] = 0;
+    b.selected_len[r] = partial > 0 ? 1 : 0;
+  }
+}
+
+// One thread block per request: its offset in the table, its indices; block
+// 0 also writes indptr.
+__global__ void __launch_bounds__(kChessThreads)
+    chess_table_kernel(ChessView v, const std::int32_t* tokens, ChessPageTable t) {
+  const ChessDeviceBatch& b = v.b;
+  const int r = blockIdx.x;
+  int offset = 0;
+  for (int q = 0; q < r; ++q) offset += b.selected_len[q];
+  const int n = b.selected_len[r];
+  const std::int32_t* sel = b.selected + static_cast<std::int64_t>(r) * (b.max_pages + 1);
+  for (int i = threadIdx.x; i < n; i += blockDim.x) t.indices[offset + i] = sel[i];
+  if (threadIdx.x == 0) {
+    const int partial = tokens[r] % b.page_size;
+    t.last_page_len[r] = n == 0 ? 0 : (partial > 0 ? partial : b.page_size);
+  }
+  if (r == 0 && threadIdx.x == 0) {
+    int acc = 0;
+    t.indptr[0] = 0;
+    for (int q = 0; q < b.requests; ++q) t.indptr[q + 1] = (acc += b.selected_len[q]);
+  }
+}
+
+}  // namespace kvcal::runtime::cuda::kernels
