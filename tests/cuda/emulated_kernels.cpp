@@ -157,6 +157,11 @@ TEST(HexCudaEmulated, SmallFlowForRaceChecks) {
   run_flow({"fp16", 1, 2, 32, 8, {9}, 2, 0}, emu);
 }
 
+TEST(ChessCudaEmulated, HexDecodeOverTheSelectedBlocks) {
+  Emulated emu;
+  flow::run_chess_hex(emu);
+}
+
 TEST(ChessCudaEmulated, BatchSelectionMatchesSelectBatch) {
   Emulated emu;
   chess_flow::batch(emu);

@@ -146,6 +146,12 @@ TEST(HexCuda, BlockCountsAroundPowersOfTwoAndLongContexts) {
   run_flow({"fp16", 2, 8, 128, 96, {32768}, 2, 0}, gpu);
 }
 
+TEST(ChessCuda, HexDecodeOverTheSelectedBlocks) {
+  SKIP_WITHOUT_GPU();
+  Gpu gpu;
+  flow::run_chess_hex(gpu);
+}
+
 TEST(ChessCuda, BatchSelectionMatchesSelectBatch) {
   SKIP_WITHOUT_GPU();
   Gpu gpu;

@@ -227,6 +227,34 @@ TEST(HexPaged, DecodePlanCoversEveryBlockOnce) {
   EXPECT_EQ(c.plan_decode(ids, 1).max_splits, 32);  // 129 tokens = 32 blocks + 1
 }
 
+TEST(HexPaged, SelectedBlocksMakeASmallerTableAndPlan) {
+  HexOptions o = hex_method("kcvt4");
+  o.block = 4;
+  HexPagedCache c(2, 8, o, nullptr, 100, 2);
+  const std::int32_t a = c.add_request(), b = c.add_request();
+  c.plan_append({a, b}, {18, 8});  // a: 4 blocks + 2 residual rows; b: 2 blocks, no residual
+  std::vector<std::int32_t> full_ptr, full;
+  c.page_table({a, b}, full_ptr, full);
+  std::vector<std::int32_t> indptr, indices, counts;
+  // a keeps blocks 0 and 3 and its partial page (index 4); b keeps block 1.
+  c.select_blocks({a, b}, {0, 3, 4}, {0, 3, 4, 1}, indptr, indices, counts);
+  EXPECT_EQ(counts, (std::vector<std::int32_t>{2, 1}));
+  EXPECT_EQ(indptr, (std::vector<std::int32_t>{0, 4, 6}));
+  EXPECT_EQ(indices, (std::vector<std::int32_t>{full[0], full[1], full[6], full[7], full[8 + 2], full[8 + 3]}));
+  const HexDecodePlan p = c.plan_decode({a, b}, counts, 1, 8);
+  EXPECT_EQ(p.residual_rows, (std::vector<std::int32_t>{2, 0}));
+  EXPECT_EQ(p.split_indptr, (std::vector<std::int32_t>{0, 2, 3}));
+  // Out of order, out of range, the partial page not last, a lying indptr.
+  EXPECT_THROW(c.select_blocks({a, b}, {0, 2, 3}, {3, 0, 1}, indptr, indices, counts), Error);
+  EXPECT_THROW(c.select_blocks({a, b}, {0, 1, 2}, {5, 1}, indptr, indices, counts), Error);
+  EXPECT_THROW(c.select_blocks({a, b}, {0, 2, 3}, {4, 1, 0}, indptr, indices, counts), Error);
+  EXPECT_THROW(c.select_blocks({a, b}, {0, 1, 5}, {0, 1}, indptr, indices, counts), Error);
+  // Counts above the blocks, or nothing to attend (b has no residual rows).
+  EXPECT_THROW(c.plan_decode({a, b}, {5, 1}, 0, 8), Error);
+  EXPECT_THROW(c.plan_decode({a, b}, {1, 0}, 0, 8), Error);
+  EXPECT_THROW(c.plan_decode({a}, {1, 1}, 0, 8), Error);
+}
+
 // A batch of requests driven through prefills of awkward lengths and decode
 // steps with observation, against one HexLayerCache per request fed the same
 // tokens and observing its own attention: after every step the pages equal

@@ -214,6 +214,21 @@ class KVCAL_RUNTIME_API HexPagedCache {
   // number of items that fill the device, e.g. 4 x SMs).
   HexDecodePlan plan_decode(const std::vector<std::int32_t>& requests, std::int32_t blocks_per_item = 0,
                             std::int32_t target_items = 528) const;
+  // The same over a subset of each request's blocks: block_counts[i] blocks
+  // of request i in the page table given to the decode (select_blocks), its
+  // residual rows always. Error when a request would attend nothing.
+  HexDecodePlan plan_decode(const std::vector<std::int32_t>& requests, const std::vector<std::int32_t>& block_counts,
+                            std::int32_t blocks_per_item, std::int32_t target_items) const;
+
+  // CHESS over a HEX cache (CHESS pages of n_b tokens = HEX blocks): from a
+  // selection in the paged-attention layout (select_batch or cuda::chess_select:
+  // per request ascending page indices, its partial page last), the page
+  // table of only the selected blocks (the partial page is the residual,
+  // always attended) and their counts, for plan_decode(requests, counts, ...).
+  // Throws Error for indices out of range or not ascending.
+  void select_blocks(const std::vector<std::int32_t>& requests, const std::vector<std::int32_t>& selection_indptr,
+                     const std::vector<std::int32_t>& selection_indices, std::vector<std::int32_t>& indptr,
+                     std::vector<std::int32_t>& indices, std::vector<std::int32_t>& block_counts) const;
 
   // The block page table of `requests` (paged-attention layout): request i's
   // pages for block b, head h at indices[indptr[i] + b * kv_heads + h].

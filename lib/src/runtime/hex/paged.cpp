@@ -284,15 +284,27 @@ HexStepPlan HexPagedCache::plan_append(const std::vector<std::int32_t>& requests
 
 HexDecodePlan HexPagedCache::plan_decode(const std::vector<std::int32_t>& requests, std::int32_t blocks_per_item,
                                          std::int32_t target_items) const {
+  std::vector<std::int32_t> counts;
+  for (const std::int32_t id : requests)
+    counts.push_back(static_cast<std::int32_t>(impl_->get(id).tokens / impl_->opt.block));
+  return plan_decode(requests, counts, blocks_per_item, target_items);
+}
+
+HexDecodePlan HexPagedCache::plan_decode(const std::vector<std::int32_t>& requests,
+                                         const std::vector<std::int32_t>& block_counts, std::int32_t blocks_per_item,
+                                         std::int32_t target_items) const {
   const Impl& m = *impl_;
   require(blocks_per_item >= 0, "blocks per item must be >= 0");
   require(target_items >= 1, "the target number of work items must be >= 1");
+  require(block_counts.size() == requests.size(), "one block count per request is needed");
   const std::int64_t nb = m.opt.block;
   std::int64_t total_blocks = 0;
-  for (const std::int32_t id : requests) {
-    const Impl::Request& r = m.get(id);
-    require(r.tokens >= 1, "request " + std::to_string(id) + " has no tokens to attend");
-    total_blocks += r.tokens / nb;
+  for (std::size_t i = 0; i < requests.size(); ++i) {
+    const Impl::Request& r = m.get(requests[i]);
+    const std::int64_t B = block_counts[i], R = r.tokens % nb;
+    require(B >= 0 && B <= r.tokens / nb, "request " + std::to_string(requests[i]) + ": block count out of range");
+    require(B + R >= 1, "request " + std::to_string(requests[i]) + " has no tokens to attend");
+    total_blocks += B;
   }
   std::int64_t per = blocks_per_item;
   if (per == 0) {  // enough items to fill the device, blocks spread evenly
@@ -303,7 +315,7 @@ HexDecodePlan HexPagedCache::plan_decode(const std::vector<std::int32_t>& reques
   plan.split_indptr.assign(requests.size() + 1, 0);
   for (std::size_t i = 0; i < requests.size(); ++i) {
     const Impl::Request& r = m.req[static_cast<std::size_t>(requests[i])];
-    const std::int64_t B = r.tokens / nb, R = r.tokens - B * nb;
+    const std::int64_t B = block_counts[i], R = r.tokens % nb;
     const std::int64_t splits = std::max<std::int64_t>(1, (B + per - 1) / per);
     plan.residual_rows.push_back(static_cast<std::int32_t>(R));
     plan.residual_page.push_back(r.residual);
@@ -322,6 +334,38 @@ HexDecodePlan HexPagedCache::plan_decode(const std::vector<std::int32_t>& reques
       }
   }
   return plan;
+}
+
+void HexPagedCache::select_blocks(const std::vector<std::int32_t>& requests,
+                                  const std::vector<std::int32_t>& sel_indptr, const std::vector<std::int32_t>& sel,
+                                  std::vector<std::int32_t>& indptr, std::vector<std::int32_t>& indices,
+                                  std::vector<std::int32_t>& counts) const {
+  const Impl& m = *impl_;
+  require(sel_indptr.size() == requests.size() + 1 && sel_indptr.front() == 0 &&
+              sel_indptr.back() == static_cast<std::int32_t>(sel.size()),
+          "the selection's indptr does not match the requests and indices");
+  indptr.assign(1, 0);
+  indices.clear();
+  counts.clear();
+  const std::int64_t H = m.heads;
+  for (std::size_t i = 0; i < requests.size(); ++i) {
+    const Impl::Request& r = m.get(requests[i]);
+    const std::int64_t B = r.tokens / m.opt.block;
+    require(sel_indptr[i] <= sel_indptr[i + 1], "the selection's indptr is not ascending");
+    std::int32_t n = 0, last = -1;
+    for (std::int32_t k = sel_indptr[i]; k < sel_indptr[i + 1]; ++k) {
+      const std::int32_t b = sel[static_cast<std::size_t>(k)];
+      require(b > last && b <= B && (b < B || k == sel_indptr[i + 1] - 1), "request " + std::to_string(requests[i]) +
+                                                                               ": selected page " + std::to_string(b) +
+                                                                               " is out of range or out of order");
+      last = b;
+      if (b == B) continue;  // the partial page: the residual rows
+      for (std::int64_t h = 0; h < H; ++h) indices.push_back(r.pages[static_cast<std::size_t>(b * H + h)]);
+      ++n;
+    }
+    counts.push_back(n);
+    indptr.push_back(static_cast<std::int32_t>(indices.size()));
+  }
 }
 
 void HexPagedCache::page_table(const std::vector<std::int32_t>& requests, std::vector<std::int32_t>& indptr,
