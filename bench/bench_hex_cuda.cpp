@@ -12,6 +12,14 @@
 // BM_compress: a step in which every request's block fills; amortised = its
 // time / 96 steps, beside the decode step of the same shape.
 //
+// BM_chess_select: CHESS selection of a batch at the 8B shape (32 layers x 8
+// KV heads x 128 = D 32768, pages of 32, "moderate"), its summaries filled
+// first; compare with 32 x BM_decode/bits:0 of the same context and batch
+// (one fp16 decode step of the model). BM_drift_step: 64 pivot rows (32
+// layers x 2 pivots) at the context. BM_gather: satellites' rows from mapped
+// pinned host memory, bytes/s beside BM_h2d_copy (cudaMemcpy from pinned
+// memory: the link's measured peak).
+//
 // Without a usable GPU every benchmark is skipped with the reason.
 #include <benchmark/benchmark.h>
 #include <cuda_runtime.h>
@@ -24,6 +32,8 @@
 #include <string>
 #include <vector>
 
+#include "kvcal/runtime/chess_cuda.h"
+#include "kvcal/runtime/hetero_cuda.h"
 #include "kvcal/runtime/hex.h"
 #include "kvcal/runtime/hex_cuda.h"
 #include "kvcal/runtime/hex_paged.h"
@@ -258,8 +268,187 @@ void BM_compress(benchmark::State& state) {
   }
 }
 
+// Times the body with CUDA events over the benchmark's iterations.
+template <class Body>
+void timed(benchmark::State& state, Body body) {
+  cudaEvent_t e0, e1;
+  cudaEventCreate(&e0);
+  cudaEventCreate(&e1);
+  body();  // warm-up
+  ok(cudaDeviceSynchronize(), "warm-up");
+  for (auto _ : state) {
+    cudaEventRecord(e0);
+    body();
+    cudaEventRecord(e1);
+    cudaEventSynchronize(e1);
+    float ms = 0;
+    cudaEventElapsedTime(&ms, e0, e1);
+    state.SetIterationTime(ms * 1e-3);
+  }
+  cudaEventDestroy(e0);
+  cudaEventDestroy(e1);
+}
+
+#define KVCAL_NEED_GPU(state)                                         \
+  if (const std::string why = why_no_gpu(); !why.empty()) {           \
+    (state).SkipWithError(("no usable CUDA device: " + why).c_str()); \
+    return;                                                           \
+  }
+
+void BM_chess_select(benchmark::State& state) {
+  KVCAL_NEED_GPU(state);
+  const std::int32_t context = static_cast<std::int32_t>(state.range(0) * 1024),
+                     batch = static_cast<std::int32_t>(state.range(1));
+  const std::int32_t D = 32 * kHeads * kDim, B = 32;
+  try {
+    rt::ChessOptions o = rt::chess_preset("moderate");
+    o.page_size = B;
+    const std::size_t bytes = kc::chess_batch_bytes(batch, D, context / B, o);
+    DeviceBuffer mem(bytes);
+    ok(cudaMemset(mem.p, 0, bytes), "memset");
+    const kc::ChessDeviceBatch b = kc::chess_batch(mem.p, bytes, batch, D, context / B, o);
+    // Fill: every request's context in chunks of 1024 tokens, one layer slice per call.
+    const std::int32_t chunk = 1024;
+    DeviceBuffer keys(static_cast<std::size_t>(batch) * chunk * kHeads * kDim * 2);
+    std::vector<rt::half_bits> kh(static_cast<std::size_t>(batch) * chunk * kHeads * kDim);
+    std::mt19937_64 rng(4);
+    std::normal_distribution<float> nd(0.0f, 1.0f);
+    for (auto& h : kh) h = rt::float_to_half(nd(rng));
+    ok(cudaMemcpy(keys.p, kh.data(), kh.size() * 2, cudaMemcpyHostToDevice), "keys");
+    DeviceBuffer ip((batch + 1) * 4), before(batch * 4), tokens(batch * 4);
+    std::vector<std::int32_t> indptr(batch + 1), bef(batch);
+    for (int r = 0; r <= batch; ++r) indptr[r] = r * chunk;
+    ok(cudaMemcpy(ip.p, indptr.data(), indptr.size() * 4, cudaMemcpyHostToDevice), "indptr");
+    for (std::int32_t done = 0; done < context; done += chunk) {
+      std::fill(bef.begin(), bef.end(), done);
+      ok(cudaMemcpy(before.p, bef.data(), bef.size() * 4, cudaMemcpyHostToDevice), "before");
+      for (int l = 0; l < 32; ++l)  // the same keys stand for every layer
+        kc::chess_append(b, static_cast<const rt::half_bits*>(keys.p), kHeads * kDim, l * kHeads * kDim, kHeads * kDim,
+                         static_cast<const std::int32_t*>(ip.p), static_cast<const std::int32_t*>(before.p), nullptr);
+    }
+    std::fill(bef.begin(), bef.end(), context);
+    ok(cudaMemcpy(tokens.p, bef.data(), bef.size() * 4, cudaMemcpyHostToDevice), "tokens");
+    DeviceBuffer t_ip((batch + 1) * 4), t_idx(static_cast<std::size_t>(batch) * (context / B + 1) * 4),
+        t_last(batch * 4);
+    const kc::ChessPageTable t{static_cast<std::int32_t*>(t_ip.p), static_cast<std::int32_t*>(t_idx.p),
+                               static_cast<std::int32_t*>(t_last.p)};
+    timed(state, [&] { kc::chess_select(b, static_cast<const std::int32_t*>(tokens.p), t, nullptr); });
+    state.counters["summary_MB"] = static_cast<double>(bytes) / 1e6;
+  } catch (const std::exception& e) {
+    state.SkipWithError(e.what());
+  }
+}
+
+void BM_drift_step(benchmark::State& state) {
+  KVCAL_NEED_GPU(state);
+  const std::int32_t n = static_cast<std::int32_t>(state.range(0) * 1024), P = 64, L = n / 50, W = 8;
+  try {
+    DeviceBuffer rows(static_cast<std::size_t>(P) * n * 4), ptrs(P * sizeof(float*)), lens(P * 4);
+    std::vector<float> h(static_cast<std::size_t>(n));
+    std::mt19937_64 rng(6);
+    std::exponential_distribution<float> ex(1.0f);
+    std::vector<const float*> p;
+    for (int i = 0; i < P; ++i) {
+      for (auto& x : h) x = ex(rng);
+      float* dst = static_cast<float*>(rows.p) + static_cast<std::size_t>(i) * n;
+      ok(cudaMemcpy(dst, h.data(), h.size() * 4, cudaMemcpyHostToDevice), "rows");
+      p.push_back(dst);
+    }
+    const std::vector<std::int32_t> ns(P, n);
+    ok(cudaMemcpy(ptrs.p, p.data(), P * sizeof(float*), cudaMemcpyHostToDevice), "ptrs");
+    ok(cudaMemcpy(lens.p, ns.data(), P * 4, cudaMemcpyHostToDevice), "lens");
+    const kc::AttentionRows view{static_cast<const float* const*>(ptrs.p), static_cast<const std::int32_t*>(lens.p), P};
+    const std::size_t bytes = kc::drift_state_bytes(P, L, W);
+    DeviceBuffer mem(bytes);
+    ok(cudaMemset(mem.p, 0, bytes), "memset");
+    const kc::DriftState s = kc::drift_state(mem.p, bytes, P, L, W, 0.5);
+    kc::drift_init(s, view, nullptr);
+    timed(state, [&] { kc::drift_step(s, view, nullptr); });
+    state.counters["rows"] = P;
+    state.counters["L_base"] = L;
+  } catch (const std::exception& e) {
+    state.SkipWithError(e.what());
+  }
+}
+
+void BM_gather(benchmark::State& state) {
+  KVCAL_NEED_GPU(state);
+  const std::int32_t lists = 64, k = static_cast<std::int32_t>(state.range(0)), tokens = 131072;
+  try {
+    const std::size_t host_bytes = static_cast<std::size_t>(tokens) * kDim * 2;
+    std::vector<void*> hk(lists), hv(lists);
+    for (int i = 0; i < lists; ++i) {
+      ok(cudaHostAlloc(&hk[i], host_bytes, cudaHostAllocMapped), "pinned k");
+      ok(cudaHostAlloc(&hv[i], host_bytes, cudaHostAllocMapped), "pinned v");
+    }
+    DeviceBuffer dk(static_cast<std::size_t>(lists) * k * kDim * 2), dv(static_cast<std::size_t>(lists) * k * kDim * 2);
+    std::vector<const rt::half_bits*> hkp, hvp;
+    std::vector<rt::half_bits*> dkp, dvp;
+    for (int i = 0; i < lists; ++i) {
+      hkp.push_back(static_cast<const rt::half_bits*>(hk[i]));
+      hvp.push_back(static_cast<const rt::half_bits*>(hv[i]));
+      dkp.push_back(static_cast<rt::half_bits*>(dk.p) + static_cast<std::size_t>(i) * k * kDim);
+      dvp.push_back(static_cast<rt::half_bits*>(dv.p) + static_cast<std::size_t>(i) * k * kDim);
+    }
+    std::vector<std::int32_t> tok(static_cast<std::size_t>(lists) * k), len(lists, k);
+    std::mt19937_64 rng(8);
+    for (auto& t : tok) t = static_cast<std::int32_t>(rng() % tokens);
+    DeviceBuffer a(4 * lists * sizeof(void*)), t_d(tok.size() * 4), l_d(lists * 4);
+    auto** arr = static_cast<void**>(a.p);
+    ok(cudaMemcpy(arr, hkp.data(), lists * sizeof(void*), cudaMemcpyHostToDevice), "a");
+    ok(cudaMemcpy(arr + lists, hvp.data(), lists * sizeof(void*), cudaMemcpyHostToDevice), "a");
+    ok(cudaMemcpy(arr + 2 * lists, dkp.data(), lists * sizeof(void*), cudaMemcpyHostToDevice), "a");
+    ok(cudaMemcpy(arr + 3 * lists, dvp.data(), lists * sizeof(void*), cudaMemcpyHostToDevice), "a");
+    ok(cudaMemcpy(t_d.p, tok.data(), tok.size() * 4, cudaMemcpyHostToDevice), "tok");
+    ok(cudaMemcpy(l_d.p, len.data(), len.size() * 4, cudaMemcpyHostToDevice), "len");
+    const kc::GatherLists g{reinterpret_cast<const rt::half_bits* const*>(arr),
+                            reinterpret_cast<const rt::half_bits* const*>(arr + lists),
+                            reinterpret_cast<rt::half_bits* const*>(arr + 2 * lists),
+                            reinterpret_cast<rt::half_bits* const*>(arr + 3 * lists),
+                            static_cast<const std::int32_t*>(t_d.p),
+                            static_cast<const std::int32_t*>(l_d.p),
+                            lists,
+                            k,
+                            kDim,
+                            kDim};
+    timed(state, [&] { kc::gather_rows(g, nullptr); });
+    state.counters["bytes_per_second"] =
+        benchmark::Counter(2.0 * lists * k * kDim * 2, benchmark::Counter::kIsIterationInvariantRate);
+    for (int i = 0; i < lists; ++i) {
+      cudaFreeHost(hk[i]);
+      cudaFreeHost(hv[i]);
+    }
+  } catch (const std::exception& e) {
+    state.SkipWithError(e.what());
+  }
+}
+
+void BM_h2d_copy(benchmark::State& state) {  // the link's peak from pinned memory
+  KVCAL_NEED_GPU(state);
+  const std::size_t n = std::size_t{256} << 20;
+  void* h = nullptr;
+  try {
+    ok(cudaHostAlloc(&h, n, 0), "pinned");
+    DeviceBuffer d(n);
+    timed(state, [&] { cudaMemcpyAsync(d.p, h, n, cudaMemcpyHostToDevice, nullptr); });
+    state.counters["bytes_per_second"] =
+        benchmark::Counter(static_cast<double>(n), benchmark::Counter::kIsIterationInvariantRate);
+  } catch (const std::exception& e) {
+    state.SkipWithError(e.what());
+  }
+  cudaFreeHost(h);
+}
+
 }  // namespace
 
+BENCHMARK(BM_chess_select)
+    ->ArgNames({"ctxK", "batch"})
+    ->ArgsProduct({{32, 128}, {1, 16}})
+    ->UseManualTime()
+    ->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_drift_step)->ArgNames({"ctxK"})->Arg(32)->Arg(128)->UseManualTime()->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_gather)->ArgNames({"rows"})->Arg(256)->Arg(2048)->UseManualTime()->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_h2d_copy)->UseManualTime()->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_decode)
     ->ArgNames({"bits", "ctxK", "batch"})
     ->ArgsProduct({{4, 3, 2, 0}, {32, 128}, {1, 16}})
