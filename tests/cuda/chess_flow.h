@@ -13,6 +13,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <random>
 #include <string>
@@ -86,6 +87,118 @@ void run(Backend& be, const ChessOptions& o, std::int32_t layers, std::int32_t w
   }
 }
 
+// Real-valued keys: the summaries (page, chunk and grid vectors) equal
+// ChessIndex's bit for bit (the same double sums, the same roundings); the
+// backend's scores are float dot products summed in another order than the
+// CPU's, so they are compared with double products of the CPU's vectors and
+// anchor within 4 * D * 2^-24 * sum |a_i v_i| (a float sum's error bound),
+// and the page table equals the hierarchical rule applied on the host to the
+// backend's own scores (so a flipped page can only come from a score within
+// that bound of a level's threshold).
+template <class Backend>
+void real_keys(Backend& be) {
+  ChessOptions o = chess_preset("moderate");
+  o.page_size = 8;
+  o.chunk_pages = 3;
+  o.grid_chunks = 2;
+  const std::int32_t D = 96, R = 3;
+  const std::vector<std::int32_t> lengths = {7, 8 * 13 + 3, 8 * 40};
+  const std::int32_t max_pages = 40;
+  const std::size_t bytes = kc::chess_batch_bytes(R, D, max_pages, o);
+  auto mem = be.alloc(bytes);
+  const kc::ChessDeviceBatch b = kc::chess_batch(mem.p, bytes, R, D, max_pages, o);
+  std::mt19937_64 rng(31);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  std::vector<std::int32_t> indptr{0};
+  for (const std::int32_t n : lengths) indptr.push_back(indptr.back() + n);
+  std::vector<half_bits> keys(static_cast<std::size_t>(indptr.back()) * D);
+  std::vector<float> fkeys(keys.size());
+  for (std::size_t i = 0; i < keys.size(); ++i) {
+    keys[i] = float_to_half(nd(rng));
+    fkeys[i] = half_to_float(keys[i]);
+  }
+  std::vector<ChessIndex> ref;
+  for (int r = 0; r < R; ++r) {
+    ref.emplace_back(D, o);
+    ref.back().append(fkeys.data() + static_cast<std::size_t>(indptr[static_cast<std::size_t>(r)]) * D,
+                      lengths[static_cast<std::size_t>(r)], D);
+  }
+  auto keys_d = be.alloc(keys.size() * 2), ip = be.alloc((R + 1) * 4), before = be.alloc(R * 4), tok = be.alloc(R * 4),
+       t_ip = be.alloc((R + 1) * 4), t_idx = be.alloc(R * (max_pages + 1) * 4), t_last = be.alloc(R * 4);
+  const std::vector<std::int32_t> zeros(R, 0);
+  be.put(keys_d.p, keys.data(), keys.size() * 2);
+  be.put(ip.p, indptr.data(), indptr.size() * 4);
+  be.put(before.p, zeros.data(), R * 4);
+  be.put(tok.p, lengths.data(), R * 4);
+  be.chess_append(b, static_cast<const half_bits*>(keys_d.p), D, 0, D, static_cast<const std::int32_t*>(ip.p),
+                  static_cast<const std::int32_t*>(before.p));
+  const kc::ChessPageTable table{static_cast<std::int32_t*>(t_ip.p), static_cast<std::int32_t*>(t_idx.p),
+                                 static_cast<std::int32_t*>(t_last.p)};
+  be.chess_select(b, static_cast<const std::int32_t*>(tok.p), table);
+  const std::int64_t rows = std::int64_t{b.max_grids} + b.max_chunks + b.max_pages;
+  std::vector<float> pages(static_cast<std::size_t>(R) * max_pages * D),
+      chunks(static_cast<std::size_t>(R) * b.max_chunks * D), grids(static_cast<std::size_t>(R) * b.max_grids * D),
+      scores(static_cast<std::size_t>(R * rows));
+  be.get(pages.data(), b.pages, pages.size() * 4);
+  be.get(chunks.data(), b.chunks, chunks.size() * 4);
+  be.get(grids.data(), b.grids, grids.size() * 4);
+  be.get(scores.data(), b.scores, scores.size() * 4);
+  std::vector<std::int32_t> got_ip(R + 1);
+  be.get(got_ip.data(), t_ip.p, got_ip.size() * 4);
+  std::vector<std::int32_t> got(static_cast<std::size_t>(got_ip.back()));
+  be.get(got.data(), t_idx.p, got.size() * 4);
+  for (int r = 0; r < R; ++r) {
+    const ChessIndex& c = ref[static_cast<std::size_t>(r)];
+    const std::int64_t P = c.pages(), C = c.chunks(), G = c.grids();
+    const auto row_eq = [&](const float* dev, std::int64_t ref_row) {
+      return std::equal(dev, dev + D, c.store() + ref_row * D);
+    };
+    for (std::int64_t p = 0; p < P; ++p)
+      ASSERT_TRUE(row_eq(pages.data() + (static_cast<std::int64_t>(r) * max_pages + p) * D, c.page_row(p)))
+          << r << " page " << p;
+    for (std::int64_t q = 0; q < C; ++q)
+      ASSERT_TRUE(row_eq(chunks.data() + (static_cast<std::int64_t>(r) * b.max_chunks + q) * D, c.chunk_row(q)))
+          << "chunk " << q;
+    for (std::int64_t g = 0; g < G; ++g)
+      ASSERT_TRUE(row_eq(grids.data() + (static_cast<std::int64_t>(r) * b.max_grids + g) * D, c.grid_row(g)))
+          << "grid " << g;
+    std::vector<std::int32_t> want;
+    if (P > 0) {
+      const std::vector<float> a = c.anchor();
+      const float* s = scores.data() + r * rows;
+      const auto check = [&](float dev, std::int64_t ref_row) {
+        double exact = 0, mag = 0;
+        for (std::int32_t i = 0; i < D; ++i) {
+          exact += double(a[static_cast<std::size_t>(i)]) * c.store()[ref_row * D + i];
+          mag += std::abs(double(a[static_cast<std::size_t>(i)]) * c.store()[ref_row * D + i]);
+        }
+        ASSERT_LE(std::abs(dev - exact), 4.0 * D * std::ldexp(1.0, -24) * mag + 1e-30);
+      };
+      std::vector<std::int32_t> cg, pc;
+      for (std::int64_t g = 0; g < G; ++g) check(s[g], c.grid_row(g));
+      for (std::int64_t q = 0; q < C; ++q) {
+        check(s[b.max_grids + q], c.chunk_row(q));
+        cg.push_back(static_cast<std::int32_t>(q / o.grid_chunks));
+      }
+      for (std::int64_t p = 0; p < P; ++p) {
+        check(s[b.max_grids + b.max_chunks + p], c.page_row(p));
+        pc.push_back(static_cast<std::int32_t>(p / o.chunk_pages));
+      }
+      std::vector<std::uint8_t> gm(static_cast<std::size_t>(G)), cm(static_cast<std::size_t>(C)),
+          pm(static_cast<std::size_t>(P));
+      hierarchical_select(s, G, s + b.max_grids, cg.data(), C, s + b.max_grids + b.max_chunks, pc.data(), P, o.rho_grid,
+                          o.rho_chunk, o.rho_page, gm.data(), cm.data(), pm.data());
+      for (std::int64_t p = 0; p < P; ++p)
+        if (pm[static_cast<std::size_t>(p)] || p < o.sink_pages || p >= P - o.recent_pages)
+          want.push_back(static_cast<std::int32_t>(p));
+    }
+    if (c.tokens() % o.page_size) want.push_back(static_cast<std::int32_t>(P));
+    const std::vector<std::int32_t> dev(got.begin() + got_ip[static_cast<std::size_t>(r)],
+                                        got.begin() + got_ip[static_cast<std::size_t>(r) + 1]);
+    ASSERT_EQ(dev, want) << "request " << r;
+  }
+}
+
 template <class Backend>
 void batch(Backend& be) {
   ChessOptions o = chess_preset("moderate");
@@ -101,6 +214,7 @@ void batch(Backend& be) {
   a.sink_pages = 2;
   a.recent_pages = 1;
   run(be, a, 3, 8, {5, 64, 1}, 6);
+  real_keys(be);
 }
 
 }  // namespace kvcal::runtime::chess_flow
