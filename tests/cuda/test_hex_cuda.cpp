@@ -8,6 +8,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -174,6 +175,61 @@ TEST(HeteroCuda, GatherFromMappedHostMemoryOnASecondStream) {
   SKIP_WITHOUT_GPU();
   Gpu gpu;
   hetero_flow::gather(gpu);
+}
+
+// The run steps launch kernels only: a decode step captured in a CUDA graph
+// and replayed gives the direct call's output (shared-memory atomics may add
+// in another order: within 1e-6 relative).
+TEST(HexCuda, DecodeStepReplaysFromACudaGraph) {
+  SKIP_WITHOUT_GPU();
+  std::mt19937_64 rng(3);
+  HexOptions o = hex_method("hex4");
+  o.block = 32;
+  const auto mask = make_mask(32, 128, 4, 2);
+  HexPagedCache cache(2, 128, o, mask, 64, 1);
+  const HexPageGeometry& g = cache.geometry();
+  const std::int32_t id = cache.add_request();
+  const HexStepPlan plan = cache.plan_append({id}, {300});
+  const auto k = random_halves(static_cast<std::size_t>(300 * 2 * 128), rng, 1.0);
+  Dev pages(static_cast<std::size_t>(64 * g.page_bytes())), res(static_cast<std::size_t>(g.residual_bytes(2))),
+      md(mask->indices.size() * 4), kd(k.size() * 2), ws(kc::hex_step_workspace_bytes(plan));
+  ok(cudaMemcpy(md.p, mask->indices.data(), md.bytes, cudaMemcpyHostToDevice), "mask");
+  ok(cudaMemcpy(kd.p, k.data(), kd.bytes, cudaMemcpyHostToDevice), "k");
+  kc::HexDeviceLayer L;
+  L.geometry = g;
+  L.kv_heads = 2;
+  L.pages = pages.as<std::uint8_t>();
+  L.residual = res.as<std::uint8_t>();
+  L.mask = md.as<std::int32_t>();
+  kc::hex_run_step(L, kc::hex_upload_step(plan, ws.p, ws.bytes, nullptr), kd.as<half_bits>(), kd.as<half_bits>(),
+                   nullptr, nullptr);
+  const HexDecodePlan dp = cache.plan_decode({id}, 2);
+  std::vector<std::int32_t> indptr, indices;
+  cache.page_table({id}, indptr, indices);
+  const auto q = random_floats(8 * 128, rng);
+  Dev qd(q.size() * 4), direct(q.size() * 4), replay(q.size() * 4),
+      dws(kc::hex_decode_workspace_bytes(dp, indices, g, 8));
+  ok(cudaMemcpy(qd.p, q.data(), qd.bytes, cudaMemcpyHostToDevice), "q");
+  const kc::HexDecodeArgs da = kc::hex_upload_decode(dp, indptr, indices, g, 8, dws.p, dws.bytes, nullptr);
+  kc::hex_run_decode(L, da, qd.as<float>(), 0.088f, direct.as<float>(), false, nullptr);
+  ok(cudaDeviceSynchronize(), "direct");
+  cudaStream_t s;
+  ok(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "stream");
+  cudaGraph_t graph;
+  cudaGraphExec_t exec;
+  ok(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal), "begin capture");
+  kc::hex_run_decode(L, da, qd.as<float>(), 0.088f, replay.as<float>(), false, s);
+  ok(cudaStreamEndCapture(s, &graph), "end capture");
+  ok(cudaGraphInstantiate(&exec, graph, 0), "instantiate");
+  for (int i = 0; i < 3; ++i) ok(cudaGraphLaunch(exec, s), "launch");
+  ok(cudaStreamSynchronize(s), "replay");
+  std::vector<float> a(q.size()), b(q.size());
+  ok(cudaMemcpy(a.data(), direct.p, direct.bytes, cudaMemcpyDeviceToHost), "a");
+  ok(cudaMemcpy(b.data(), replay.p, replay.bytes, cudaMemcpyDeviceToHost), "b");
+  for (std::size_t i = 0; i < a.size(); ++i) ASSERT_NEAR(a[i], b[i], 1e-6 * (1 + std::abs(a[i]))) << i;
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+  cudaStreamDestroy(s);
 }
 
 TEST(HexCuda, ArgumentsAreCheckedBeforeAnyLaunch) {
