@@ -8,10 +8,13 @@
 #
 # Usage:
 #   scripts/gpu_check.sh fetch            # with apt: the .debs into out/gpu/debs
-#   scripts/gpu_check.sh run [OUT_DIR]    # on the GPU machine (results into OUT_DIR, default out/gpu/results)
+#   scripts/gpu_check.sh test [OUT_DIR]   # GPU machine: build, tests, compute-sanitizer
+#   scripts/gpu_check.sh bench [OUT_DIR]  # GPU machine: build, benchmarks (bench_hex_cuda, torch SDPA)
+#   scripts/gpu_check.sh run [OUT_DIR]    # test, then bench (results into OUT_DIR, default out/gpu/results)
 #   scripts/gpu_check.sh build            # the build step alone (any machine with nvcc)
-# Environment: CUDA_ARCH (default 90), SANITIZE_FILTER (the tests run under
-# compute-sanitizer; default the small flow shapes), BENCH_FILTER.
+# Every step runs even when an earlier one fails; the exit status is 1 if any
+# failed. Environment: CUDA_ARCH (default 90), SANITIZE_FILTER (the tests run
+# under compute-sanitizer; default the small shapes), BENCH_FILTER.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 debs=out/gpu/debs
@@ -35,29 +38,59 @@ build() {
   cmake --build "$tree" -j "$(nproc)"
 }
 
-run() {
-  local out=${1:-out/gpu/results}
+status=0
+step() {  # runs "$@", records a failure, carries on
+  echo "== $*"
+  "$@" || { echo "FAILED: $*" >&2; status=1; }
+}
+
+prepare() {
+  out=${1:-out/gpu/results}
   mkdir -p "$out"
-  build
   export LD_LIBRARY_PATH=$prefix/usr/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
-  nvidia-smi --query-gpu=name,memory.total,clocks.max.memory --format=csv | tee "$out/gpu.txt"
-  # The tests must run, not skip, here.
+  command -v compute-sanitizer >/dev/null || export PATH=/usr/local/cuda/bin:$PATH
+  (nvidia-smi --query-gpu=name,memory.total,clocks.max.memory --format=csv || true) | tee "$out/gpu.txt"
+}
+
+tests_must_run() {  # the GPU tests, which must run (not skip) here
   "$tree"/kvcal_cuda_tests 2>&1 | tee "$out/tests.txt"
-  if grep -q '\[  SKIPPED \]' "$out/tests.txt"; then echo "error: GPU tests skipped on a GPU machine" >&2; exit 1; fi
-  "$tree"/kvcal_cuda_emulated_tests --gtest_filter='*Small*' | tail -3
-  local filter=${SANITIZE_FILTER:-HexCuda.FlowMatchesTheHostExecutor}
-  compute-sanitizer --tool memcheck --error-exitcode 1 "$tree"/kvcal_cuda_tests --gtest_filter="$filter" \
-    2>&1 | tail -5 | tee "$out/memcheck.txt"
-  compute-sanitizer --tool racecheck --racecheck-report all --error-exitcode 1 "$tree"/kvcal_cuda_tests \
-    --gtest_filter="$filter" 2>&1 | tail -5 | tee "$out/racecheck.txt"
-  "$tree"/bench_hex_cuda --benchmark_filter="${BENCH_FILTER:-.}" --benchmark_out="$out/bench_hex_cuda.json" \
-    --benchmark_out_format=json 2>&1 | tee "$out/bench_hex_cuda.txt"
-  python3 scripts/bench_sdpa.py --out "$out/bench_sdpa.json" 2>&1 | tee "$out/bench_sdpa.txt"
+  local rc=${PIPESTATUS[0]}
+  if grep -q '\[  SKIPPED \]' "$out/tests.txt"; then echo "error: GPU tests skipped on a GPU machine" >&2; return 1; fi
+  return "$rc"
+}
+
+sanitize() {  # tool
+  local filter=${SANITIZE_FILTER:-'*Small*:HeteroCuda.Drift*:HeteroCuda.Gather*:ChessCuda.Batch*'}
+  compute-sanitizer --tool "$1" --error-exitcode 1 "$tree"/kvcal_cuda_tests --gtest_filter="$filter" \
+    >"$out/$1.txt" 2>&1
+  local rc=$?
+  tail -5 "$out/$1.txt"
+  return $rc
+}
+
+test_all() {
+  prepare "${1:-}"
+  step build
+  step tests_must_run
+  step "$tree"/kvcal_cuda_emulated_tests --gtest_filter='*Small*'
+  step sanitize memcheck
+  step sanitize racecheck
+}
+
+bench_all() {
+  prepare "${1:-}"
+  step build
+  step "$tree"/bench_hex_cuda --benchmark_filter="${BENCH_FILTER:-.}" --benchmark_out="$out/bench_hex_cuda.json" \
+    --benchmark_out_format=json
+  step python3 scripts/bench_sdpa.py --out "$out/bench_sdpa.json"
 }
 
 case "${1:-}" in
   fetch) fetch ;;
   build) build ;;
-  run) run "${2:-}" ;;
-  *) sed -n '2,16p' "$0" >&2; exit 2 ;;
+  test) test_all "${2:-}" ;;
+  bench) bench_all "${2:-}" ;;
+  run) test_all "${2:-}"; bench_all "${2:-}" ;;
+  *) sed -n '2,19p' "$0" >&2; exit 2 ;;
 esac
+exit $status

@@ -137,6 +137,14 @@ TEST(HexCuda, FlowMatchesTheHostExecutor) {
     }
 }
 
+// The shapes compute-sanitizer runs (scripts/gpu_check.sh): each kernel path once.
+TEST(HexCuda, SmallFlowForSanitizers) {
+  SKIP_WITHOUT_GPU();
+  Gpu gpu;
+  run_flow({"hex3", 2, 4, 64, 8, {3, 13}, 5, 1}, gpu);
+  run_flow({"fp16", 1, 2, 32, 8, {9}, 2, 0}, gpu);
+}
+
 TEST(HexCuda, BlockCountsAroundPowersOfTwoAndLongContexts) {
   SKIP_WITHOUT_GPU();
   Gpu gpu;
