@@ -91,7 +91,12 @@ struct Layer {
   kc::HexDecodeArgs args;
   double bytes = 0;  // read per decode step
 
-  Layer(int bits, std::int64_t context, int batch) {
+  // With chess: a CHESS store (pages = HEX blocks, "moderate") fed the same
+  // keys, and the decode planned over the blocks it selects.
+  std::unique_ptr<DeviceBuffer> chess_mem;
+  double selected_fraction = 1.0;
+
+  Layer(int bits, std::int64_t context, int batch, bool chess = false) {
     rt::HexOptions o = rt::hex_method(bits == 0 ? "fp16" : "hex" + std::to_string(bits));
     o.block = kBlock;
     const std::int64_t d1 = bits == 0 ? 0 : kDim / 32;
@@ -122,6 +127,19 @@ struct Layer {
     DeviceBuffer kd(kv.size() * 2);
     ok(cudaMemcpy(kd.p, kv.data(), kv.size() * 2, cudaMemcpyHostToDevice), "kv");
     DeviceBuffer err(4);
+    rt::ChessOptions co = rt::chess_preset("moderate");
+    co.page_size = kBlock;
+    kc::ChessDeviceBatch cb;
+    std::unique_ptr<DeviceBuffer> tip, before;
+    if (chess) {
+      const auto max_pages = static_cast<std::int32_t>(context / kBlock + 1);
+      const std::size_t cbytes = kc::chess_batch_bytes(batch, kHeads * kDim, max_pages, co);
+      chess_mem = std::make_unique<DeviceBuffer>(cbytes);
+      ok(cudaMemset(chess_mem->p, 0, cbytes), "memset");
+      cb = kc::chess_batch(chess_mem->p, cbytes, batch, kHeads * kDim, max_pages, co);
+      tip = std::make_unique<DeviceBuffer>((batch + 1) * 4);
+      before = std::make_unique<DeviceBuffer>(batch * 4);
+    }
     for (std::int64_t done = 0; done < context; done += chunk) {
       const auto n = static_cast<std::int32_t>(std::min(chunk, context - done));
       const rt::HexStepPlan sp = cache->plan_append(ids, std::vector<std::int32_t>(ids.size(), n));
@@ -129,10 +147,39 @@ struct Layer {
       const kc::HexStepArgs sa = kc::hex_upload_step(sp, sws.p, kc::hex_step_workspace_bytes(sp), nullptr);
       const auto* k = static_cast<const rt::half_bits*>(kd.p);
       kc::hex_run_step(L, sa, k, k, static_cast<int*>(err.p), nullptr);
+      if (chess) {
+        const std::vector<std::int32_t> bef(static_cast<std::size_t>(batch), static_cast<std::int32_t>(done));
+        ok(cudaMemcpy(tip->p, sp.token_indptr.data(), (batch + 1) * 4, cudaMemcpyHostToDevice), "indptr");
+        ok(cudaMemcpy(before->p, bef.data(), batch * 4, cudaMemcpyHostToDevice), "before");
+        kc::chess_append(cb, k, kHeads * kDim, 0, kHeads * kDim, static_cast<const std::int32_t*>(tip->p),
+                         static_cast<const std::int32_t*>(before->p), nullptr);
+      }
       ok(cudaDeviceSynchronize(), "prefill");
     }
-    plan = cache->plan_decode(ids);
-    cache->page_table(ids, indptr, indices);
+    if (chess) {
+      const auto max_pages = static_cast<std::int32_t>(context / kBlock + 1);
+      const std::vector<std::int32_t> toks(static_cast<std::size_t>(batch), static_cast<std::int32_t>(context));
+      DeviceBuffer tk(batch * 4), t_ip((batch + 1) * 4), t_idx(static_cast<std::size_t>(batch) * (max_pages + 1) * 4),
+          t_last(batch * 4);
+      ok(cudaMemcpy(tk.p, toks.data(), batch * 4, cudaMemcpyHostToDevice), "tokens");
+      kc::chess_select(cb, static_cast<const std::int32_t*>(tk.p),
+                       kc::ChessPageTable{static_cast<std::int32_t*>(t_ip.p), static_cast<std::int32_t*>(t_idx.p),
+                                          static_cast<std::int32_t*>(t_last.p)},
+                       nullptr);
+      std::vector<std::int32_t> sel_ip(static_cast<std::size_t>(batch + 1));
+      ok(cudaMemcpy(sel_ip.data(), t_ip.p, sel_ip.size() * 4, cudaMemcpyDeviceToHost), "table");
+      std::vector<std::int32_t> sel(static_cast<std::size_t>(sel_ip.back()));
+      ok(cudaMemcpy(sel.data(), t_idx.p, sel.size() * 4, cudaMemcpyDeviceToHost), "table");
+      std::vector<std::int32_t> counts;
+      cache->select_blocks(ids, sel_ip, sel, indptr, indices, counts);
+      std::int64_t kept = 0;
+      for (const std::int32_t c : counts) kept += c;
+      selected_fraction = static_cast<double>(kept) / static_cast<double>(batch * (context / kBlock));
+      plan = cache->plan_decode(ids, counts, 0, 528);
+    } else {
+      plan = cache->plan_decode(ids);
+      cache->page_table(ids, indptr, indices);
+    }
     const std::size_t wsb = kc::hex_decode_workspace_bytes(plan, indices, g, kQHeads);
     ws = std::make_unique<DeviceBuffer>(wsb);
     args = kc::hex_upload_decode(plan, indptr, indices, g, kQHeads, ws->p, wsb, nullptr);
@@ -220,6 +267,39 @@ void BM_decode(benchmark::State& state) {
     state.counters["MB_per_step"] = layer.bytes / 1e6;
     state.counters["work_items"] = static_cast<double>(layer.plan.items.size());
     state.counters["copy_GBps"] = copy_rate() / 1e9;
+  } catch (const std::exception& e) {
+    state.SkipWithError(e.what());
+  }
+}
+
+// HEX-4 decode over the blocks CHESS selects ("moderate", pages = HEX
+// blocks), beside BM_decode/bits:4 (every block) and bits:0 (fp16).
+void BM_chess_hex_decode(benchmark::State& state) {
+  if (const std::string why = why_no_gpu(); !why.empty()) {
+    state.SkipWithError(("no usable CUDA device: " + why).c_str());
+    return;
+  }
+  const std::int64_t context = state.range(0) * 1024;
+  const int batch = static_cast<int>(state.range(1));
+  try {
+    Layer layer(4, context, batch, true);
+    const float scale = 1.0f / std::sqrt(static_cast<float>(kDim));
+    cudaEvent_t e0, e1;
+    cudaEventCreate(&e0);
+    cudaEventCreate(&e1);
+    for (auto _ : state) {
+      cudaEventRecord(e0);
+      kc::hex_run_decode(layer.L, layer.args, static_cast<float*>(layer.q->p), scale, static_cast<float*>(layer.out->p),
+                         false, nullptr);
+      cudaEventRecord(e1);
+      cudaEventSynchronize(e1);
+      float ms = 0;
+      cudaEventElapsedTime(&ms, e0, e1);
+      state.SetIterationTime(ms * 1e-3);
+    }
+    cudaEventDestroy(e0);
+    cudaEventDestroy(e1);
+    state.counters["selected_fraction"] = layer.selected_fraction;
   } catch (const std::exception& e) {
     state.SkipWithError(e.what());
   }
@@ -455,6 +535,11 @@ BENCHMARK(BM_decode)
     ->UseManualTime()
     ->Unit(benchmark::kMicrosecond)
     ->MinTime(0.5);
+BENCHMARK(BM_chess_hex_decode)
+    ->ArgNames({"ctxK", "batch"})
+    ->ArgsProduct({{32, 128}, {1, 16}})
+    ->UseManualTime()
+    ->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_compress)
     ->ArgNames({"bits", "batch"})
     ->ArgsProduct({{4, 3, 2}, {1, 16}})
