@@ -235,128 +235,19 @@ double copy_rate() {  // device-to-device copy, bytes moved (read + write) per s
   return rate;
 }
 
-void BM_decode(benchmark::State& state) {
-  if (const std::string why = why_no_gpu(); !why.empty()) {
-    state.SkipWithError(("no usable CUDA device: " + why).c_str());
-    return;
-  }
-  const int bits = static_cast<int>(state.range(0)), batch = static_cast<int>(state.range(2));
-  const std::int64_t context = state.range(1) * 1024;
-  try {
-    Layer layer(bits, context, batch);
-    const float scale = 1.0f / std::sqrt(static_cast<float>(kDim));
-    cudaEvent_t e0, e1;
-    cudaEventCreate(&e0);
-    cudaEventCreate(&e1);
-    for (int i = 0; i < 3; ++i)
-      kc::hex_run_decode(layer.L, layer.args, static_cast<float*>(layer.q->p), scale, static_cast<float*>(layer.out->p),
-                         false, nullptr);
-    for (auto _ : state) {
-      cudaEventRecord(e0);
-      kc::hex_run_decode(layer.L, layer.args, static_cast<float*>(layer.q->p), scale, static_cast<float*>(layer.out->p),
-                         false, nullptr);
-      cudaEventRecord(e1);
-      cudaEventSynchronize(e1);
-      float ms = 0;
-      cudaEventElapsedTime(&ms, e0, e1);
-      state.SetIterationTime(ms * 1e-3);
-    }
-    cudaEventDestroy(e0);
-    cudaEventDestroy(e1);
-    state.counters["bytes_per_second"] = benchmark::Counter(layer.bytes, benchmark::Counter::kIsIterationInvariantRate);
-    state.counters["MB_per_step"] = layer.bytes / 1e6;
-    state.counters["work_items"] = static_cast<double>(layer.plan.items.size());
-    state.counters["copy_GBps"] = copy_rate() / 1e9;
-  } catch (const std::exception& e) {
-    state.SkipWithError(e.what());
-  }
-}
-
-// HEX-4 decode over the blocks CHESS selects ("moderate", pages = HEX
-// blocks), beside BM_decode/bits:4 (every block) and bits:0 (fp16).
-void BM_chess_hex_decode(benchmark::State& state) {
-  if (const std::string why = why_no_gpu(); !why.empty()) {
-    state.SkipWithError(("no usable CUDA device: " + why).c_str());
-    return;
-  }
-  const std::int64_t context = state.range(0) * 1024;
-  const int batch = static_cast<int>(state.range(1));
-  try {
-    Layer layer(4, context, batch, true);
-    const float scale = 1.0f / std::sqrt(static_cast<float>(kDim));
-    cudaEvent_t e0, e1;
-    cudaEventCreate(&e0);
-    cudaEventCreate(&e1);
-    for (auto _ : state) {
-      cudaEventRecord(e0);
-      kc::hex_run_decode(layer.L, layer.args, static_cast<float*>(layer.q->p), scale, static_cast<float*>(layer.out->p),
-                         false, nullptr);
-      cudaEventRecord(e1);
-      cudaEventSynchronize(e1);
-      float ms = 0;
-      cudaEventElapsedTime(&ms, e0, e1);
-      state.SetIterationTime(ms * 1e-3);
-    }
-    cudaEventDestroy(e0);
-    cudaEventDestroy(e1);
-    state.counters["selected_fraction"] = layer.selected_fraction;
-  } catch (const std::exception& e) {
-    state.SkipWithError(e.what());
-  }
-}
-
-void BM_compress(benchmark::State& state) {
-  if (const std::string why = why_no_gpu(); !why.empty()) {
-    state.SkipWithError(("no usable CUDA device: " + why).c_str());
-    return;
-  }
-  const int bits = static_cast<int>(state.range(0)), batch = static_cast<int>(state.range(1));
-  try {
-    // Every request one token short of a block, then one step fills them all.
-    Layer layer(bits, kBlock - 1, batch);
-    DeviceBuffer kd(static_cast<std::size_t>(batch) * kHeads * kDim * 2), err(4);
-    ok(cudaMemset(kd.p, 0x3c, static_cast<std::size_t>(batch) * kHeads * kDim * 2), "k");
-    const auto* k = static_cast<const rt::half_bits*>(kd.p);
-    cudaEvent_t e0, e1;
-    cudaEventCreate(&e0);
-    cudaEventCreate(&e1);
-    for (auto _ : state) {
-      state.PauseTiming();
-      rt::HexPagedCache& c = *layer.cache;
-      for (const std::int32_t id : layer.ids) c.release(id);
-      layer.ids.clear();
-      for (int r = 0; r < batch; ++r) layer.ids.push_back(c.add_request());
-      c.plan_append(layer.ids, std::vector<std::int32_t>(layer.ids.size(), kBlock - 1));  // book-keeping only
-      const rt::HexStepPlan sp = c.plan_append(layer.ids, std::vector<std::int32_t>(layer.ids.size(), 1));
-      DeviceBuffer sws(kc::hex_step_workspace_bytes(sp));
-      const kc::HexStepArgs sa = kc::hex_upload_step(sp, sws.p, kc::hex_step_workspace_bytes(sp), nullptr);
-      ok(cudaDeviceSynchronize(), "upload");
-      state.ResumeTiming();
-      cudaEventRecord(e0);
-      kc::hex_run_step(layer.L, sa, k, k, static_cast<int*>(err.p), nullptr);
-      cudaEventRecord(e1);
-      cudaEventSynchronize(e1);
-      float ms = 0;
-      cudaEventElapsedTime(&ms, e0, e1);
-      state.SetIterationTime(ms * 1e-3);
-    }
-    cudaEventDestroy(e0);
-    cudaEventDestroy(e1);
-    state.counters["blocks"] = batch * kHeads;
-  } catch (const std::exception& e) {
-    state.SkipWithError(e.what());
-  }
-}
-
 // Times the body with CUDA events over the benchmark's iterations.
-template <class Body>
-void timed(benchmark::State& state, Body body) {
+// setup() runs before each, outside the events.
+template <class Body, class Setup = void (*)()>
+void timed(
+    benchmark::State& state, Body body, Setup setup = [] {}) {
   cudaEvent_t e0, e1;
   cudaEventCreate(&e0);
   cudaEventCreate(&e1);
+  setup();
   body();  // warm-up
   ok(cudaDeviceSynchronize(), "warm-up");
   for (auto _ : state) {
+    setup();
     cudaEventRecord(e0);
     body();
     cudaEventRecord(e1);
@@ -374,6 +265,73 @@ void timed(benchmark::State& state, Body body) {
     (state).SkipWithError(("no usable CUDA device: " + why).c_str()); \
     return;                                                           \
   }
+
+// One decode step of the layer's whole batch.
+void decode_step(const Layer& layer) {
+  kc::hex_run_decode(layer.L, layer.args, static_cast<const float*>(layer.q->p), 1.0f / std::sqrt(float{kDim}),
+                     static_cast<float*>(layer.out->p), false, nullptr);
+}
+
+void BM_decode(benchmark::State& state) {
+  KVCAL_NEED_GPU(state);
+  const int bits = static_cast<int>(state.range(0)), batch = static_cast<int>(state.range(2));
+  const std::int64_t context = state.range(1) * 1024;
+  try {
+    Layer layer(bits, context, batch);
+    timed(state, [&] { decode_step(layer); });
+    state.counters["bytes_per_second"] = benchmark::Counter(layer.bytes, benchmark::Counter::kIsIterationInvariantRate);
+    state.counters["MB_per_step"] = layer.bytes / 1e6;
+    state.counters["work_items"] = static_cast<double>(layer.plan.items.size());
+    state.counters["copy_GBps"] = copy_rate() / 1e9;
+  } catch (const std::exception& e) {
+    state.SkipWithError(e.what());
+  }
+}
+
+// HEX-4 decode over the blocks CHESS selects ("moderate", pages = HEX
+// blocks), beside BM_decode/bits:4 (every block) and bits:0 (fp16).
+void BM_chess_hex_decode(benchmark::State& state) {
+  KVCAL_NEED_GPU(state);
+  const std::int64_t context = state.range(0) * 1024;
+  const int batch = static_cast<int>(state.range(1));
+  try {
+    Layer layer(4, context, batch, true);
+    timed(state, [&] { decode_step(layer); });
+    state.counters["selected_fraction"] = layer.selected_fraction;
+  } catch (const std::exception& e) {
+    state.SkipWithError(e.what());
+  }
+}
+
+void BM_compress(benchmark::State& state) {
+  KVCAL_NEED_GPU(state);
+  const int bits = static_cast<int>(state.range(0)), batch = static_cast<int>(state.range(1));
+  try {
+    // Every request one token short of a block, then one step fills them all.
+    Layer layer(bits, kBlock - 1, batch);
+    DeviceBuffer kd(static_cast<std::size_t>(batch) * kHeads * kDim * 2), err(4);
+    ok(cudaMemset(kd.p, 0x3c, static_cast<std::size_t>(batch) * kHeads * kDim * 2), "k");
+    const auto* k = static_cast<const rt::half_bits*>(kd.p);
+    std::unique_ptr<DeviceBuffer> sws;
+    kc::HexStepArgs sa;
+    const auto setup = [&] {  // fresh requests one token short of a block (book-keeping only)
+      rt::HexPagedCache& c = *layer.cache;
+      for (const std::int32_t id : layer.ids) c.release(id);
+      layer.ids.clear();
+      for (int r = 0; r < batch; ++r) layer.ids.push_back(c.add_request());
+      c.plan_append(layer.ids, std::vector<std::int32_t>(layer.ids.size(), kBlock - 1));
+      const rt::HexStepPlan sp = c.plan_append(layer.ids, std::vector<std::int32_t>(layer.ids.size(), 1));
+      sws = std::make_unique<DeviceBuffer>(kc::hex_step_workspace_bytes(sp));
+      sa = kc::hex_upload_step(sp, sws->p, kc::hex_step_workspace_bytes(sp), nullptr);
+      ok(cudaDeviceSynchronize(), "upload");
+    };
+    timed(
+        state, [&] { kc::hex_run_step(layer.L, sa, k, k, static_cast<int*>(err.p), nullptr); }, setup);
+    state.counters["blocks"] = batch * kHeads;
+  } catch (const std::exception& e) {
+    state.SkipWithError(e.what());
+  }
+}
 
 void BM_chess_select(benchmark::State& state) {
   KVCAL_NEED_GPU(state);

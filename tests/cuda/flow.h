@@ -54,6 +54,29 @@ constexpr double kOutTol = 1e-4;
 // a few ulps of 1.
 constexpr double kScoreTol = 1e-5;
 
+// A layer's memory on the backend, sized and filled from the cache: the block
+// and residual page pools, the mask's columns.
+template <class Backend>
+struct BackendLayer {
+  using Buffer = decltype(std::declval<Backend&>().alloc(0));
+  Buffer pages, residual, mask;
+  kc::HexDeviceLayer L;
+  BackendLayer(Backend& be, const HexPagedCache& cache)
+      : pages(be.alloc(static_cast<std::size_t>(cache.pages() * cache.geometry().page_bytes()))),
+        residual(be.alloc(
+            static_cast<std::size_t>(cache.residual_pages() * cache.geometry().residual_bytes(cache.kv_heads())))),
+        mask(be.alloc(cache.mask_indices().size() * 4)) {
+    if (!cache.mask_indices().empty()) be.put(mask.p, cache.mask_indices().data(), mask.bytes);
+    L.geometry = cache.geometry();
+    L.kv_heads = static_cast<std::int32_t>(cache.kv_heads());
+    L.pages = pages.template as<std::uint8_t>();
+    L.residual = residual.template as<std::uint8_t>();
+    L.mask = mask.template as<std::int32_t>();
+    L.pages_count = cache.pages();
+    L.residual_count = cache.residual_pages();
+  }
+};
+
 template <class Backend>
 void run_flow(const Shape& s, Backend& be) {
   SCOPED_TRACE(s.method + " H " + std::to_string(s.kv_heads) + " group " + std::to_string(s.group) + " d " +
@@ -74,20 +97,11 @@ void run_flow(const Shape& s, Backend& be) {
   HexPagedHost host(cache);
   const HexPageGeometry& g = cache.geometry();
 
-  auto page_pool = be.alloc(static_cast<std::size_t>(pages * g.page_bytes()));
-  auto res_pool = be.alloc(static_cast<std::size_t>(R * g.residual_bytes(H)));
-  auto mask_dev = be.alloc(cache.mask_indices().size() * 4);
+  BackendLayer<Backend> layer(be, cache);
+  const kc::HexDeviceLayer& L = layer.L;
+  auto& page_pool = layer.pages;
+  auto& res_pool = layer.residual;
   auto err = be.alloc(4);
-  ASSERT_TRUE(page_pool.p && res_pool.p && err.p);
-  if (!cache.mask_indices().empty()) be.put(mask_dev.p, cache.mask_indices().data(), mask_dev.bytes);
-  kc::HexDeviceLayer L;
-  L.geometry = g;
-  L.kv_heads = static_cast<std::int32_t>(H);
-  L.pages = page_pool.template as<std::uint8_t>();
-  L.residual = res_pool.template as<std::uint8_t>();
-  L.mask = mask_dev.template as<std::int32_t>();
-  L.pages_count = pages;
-  L.residual_count = R;
 
   std::vector<std::int32_t> ids;
   for (std::int32_t r = 0; r < R; ++r) ids.push_back(cache.add_request());
@@ -187,16 +201,8 @@ void run_chess_hex(Backend& be) {
   HexPagedCache cache(H, d, o, mask, pages, R);
   HexPagedHost host(cache);
   const HexPageGeometry& g = cache.geometry();
-  auto page_pool = be.alloc(static_cast<std::size_t>(pages * g.page_bytes()));
-  auto res_pool = be.alloc(static_cast<std::size_t>(R * g.residual_bytes(H)));
-  auto mask_dev = be.alloc(cache.mask_indices().size() * 4);
-  be.put(mask_dev.p, cache.mask_indices().data(), mask_dev.bytes);
-  kc::HexDeviceLayer L;
-  L.geometry = g;
-  L.kv_heads = static_cast<std::int32_t>(H);
-  L.pages = page_pool.template as<std::uint8_t>();
-  L.residual = res_pool.template as<std::uint8_t>();
-  L.mask = mask_dev.template as<std::int32_t>();
+  BackendLayer<Backend> layer(be, cache);
+  const kc::HexDeviceLayer& L = layer.L;
   const auto D = static_cast<std::int32_t>(H * d);
   const std::size_t cbytes = kc::chess_batch_bytes(R, D, 32, co);
   auto cmem = be.alloc(cbytes);
