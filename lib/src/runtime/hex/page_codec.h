@@ -9,6 +9,7 @@
 #pragma once
 
 #include <cstdint>
+#include <cstring>
 
 #include "kvcal/runtime/hex_paged.h"
 
@@ -205,5 +206,25 @@ KVCAL_HD inline void code_byte(const Block& b, std::int32_t i) {
   b.page[b.g.off_k_codes() + i] = static_cast<std::uint8_t>(kbyte & 0xffu);
   b.page[b.g.off_v_codes() + i] = static_cast<std::uint8_t>(vbyte & 0xffu);
 }
+
+#if !defined(__CUDACC__)
+// Host only: the steps in order, each over all its items (the device runs
+// the items of a step in parallel, with a barrier between steps). Zeroes the
+// page first. Returns false on a non-finite value.
+inline bool compress_serial(Block& b, const std::uint8_t* keep) {
+  std::memset(b.page, 0, static_cast<std::size_t>(b.g.page_bytes()));
+  list_rows(b, keep);
+  const std::int32_t d = b.g.head_dim;
+  for (std::int32_t i = 0; i < b.kept * d; ++i) copy_kept(b, i);
+  if (b.g.bits == 0 || b.quant == 0) return true;
+  for (std::int32_t i = 0; i < b.quant * b.g.mask_degree; ++i) copy_entry(b, i);
+  bool bad = false;
+  for (std::int32_t c = 0; c < d; ++c) key_params(b, c, &bad);
+  for (std::int32_t q = 0; q < b.quant; ++q) value_params(b, q, &bad);
+  for (std::int32_t i = 0; i < b.quant * b.g.row_bytes(); ++i) code_byte(b, i);
+  return !bad;
+}
+
+#endif
 
 }  // namespace kvcal::runtime::codec

@@ -74,22 +74,6 @@ void hex_page_write(const HexPageGeometry& g, const HexBlockView& b, std::uint8_
 
 namespace {
 
-// The codec's steps in order, each over all its items (the device runs the
-// items of a step in parallel). Returns false on a non-finite value.
-bool compress_serial(codec::Block& b, const std::uint8_t* keep) {
-  std::memset(b.page, 0, static_cast<std::size_t>(b.g.page_bytes()));
-  codec::list_rows(b, keep);
-  const std::int32_t d = b.g.head_dim;
-  for (std::int32_t i = 0; i < b.kept * d; ++i) codec::copy_kept(b, i);
-  if (b.g.bits == 0 || b.quant == 0) return true;
-  for (std::int32_t i = 0; i < b.quant * b.g.mask_degree; ++i) codec::copy_entry(b, i);
-  bool bad = false;
-  for (std::int32_t c = 0; c < d; ++c) codec::key_params(b, c, &bad);
-  for (std::int32_t q = 0; q < b.quant; ++q) codec::value_params(b, q, &bad);
-  for (std::int32_t i = 0; i < b.quant * b.g.row_bytes(); ++i) codec::code_byte(b, i);
-  return !bad;
-}
-
 bool rows_finite(const codec::Rows& r, std::int32_t n, std::int32_t d) {
   for (std::int32_t t = 0; t < n; ++t)
     if (!detail::finite_halves(r.k(t), d) || !detail::finite_halves(r.v(t), d)) return false;
@@ -119,7 +103,7 @@ void hex_compress_page(const HexPageGeometry& g, const half_bits* k, const half_
   std::vector<std::int32_t> qtok(static_cast<std::size_t>(g.block));
   b.qtok = qtok.data();
   std::vector<std::uint8_t> none(static_cast<std::size_t>(g.block), 0);
-  compress_serial(b, keep_rows ? keep_rows : none.data());
+  codec::compress_serial(b, keep_rows ? keep_rows : none.data());
 }
 
 // ---------------------------------------------------------------- the batch

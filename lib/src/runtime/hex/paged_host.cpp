@@ -71,18 +71,21 @@ void HexPagedHost::run_append(const HexStepPlan& plan, const half_bits* k, const
   const std::int64_t H = m.heads, row = H * d;
   // Every block first: its rows are read from residual pages that the
   // append jobs then overwrite. Checked before any page is written.
+  const auto rows_of = [&](const HexCompressJob& j, std::int64_t h) {
+    return codec::Rows{m.res_k(j.residual_page, h),
+                       m.res_v(j.residual_page, h),
+                       k + j.src_row * row + h * d,
+                       v + j.src_row * row + h * d,
+                       d,
+                       row,
+                       j.from_residual};
+  };
   for (const HexCompressJob& j : plan.compress) {
     require(j.from_residual >= 0 && j.from_residual <= nb && j.page_index >= 0 &&
                 j.page_index + H <= static_cast<std::int64_t>(plan.page_ids.size()),
             "malformed compress job");
     for (std::int64_t h = 0; h < H; ++h) {
-      codec::Rows r{m.res_k(j.residual_page, h),
-                    m.res_v(j.residual_page, h),
-                    k + j.src_row * row + h * d,
-                    v + j.src_row * row + h * d,
-                    d,
-                    row,
-                    j.from_residual};
+      const codec::Rows r = rows_of(j, h);
       for (std::int32_t t = 0; t < nb; ++t)
         if (!detail::finite_halves(r.k(t), d) || !detail::finite_halves(r.v(t), d))
           fail("non-finite key or value (request " + std::to_string(j.request) + ", KV head " + std::to_string(h) +
@@ -105,25 +108,11 @@ void HexPagedHost::run_append(const HexStepPlan& plan, const half_bits* k, const
     for (std::int64_t h = 0; h < H; ++h) {
       codec::Block b;
       b.g = m.g;
-      b.rows = codec::Rows{m.res_k(j.residual_page, h),
-                           m.res_v(j.residual_page, h),
-                           k + j.src_row * row + h * d,
-                           v + j.src_row * row + h * d,
-                           d,
-                           row,
-                           j.from_residual};
+      b.rows = rows_of(j, h);
       b.mask = m.mask.data();
       b.page = m.page(plan.page_ids[static_cast<std::size_t>(j.page_index + h)]);
       b.qtok = qtok.data();
-      std::memset(b.page, 0, static_cast<std::size_t>(m.g.page_bytes()));
-      codec::list_rows(b, keep.data());
-      for (std::int32_t i = 0; i < b.kept * d; ++i) codec::copy_kept(b, i);
-      if (m.g.bits == 0 || b.quant == 0) continue;
-      for (std::int32_t i = 0; i < b.quant * m.g.mask_degree; ++i) codec::copy_entry(b, i);
-      bool bad = false;
-      for (std::int32_t c = 0; c < d; ++c) codec::key_params(b, c, &bad);
-      for (std::int32_t q = 0; q < b.quant; ++q) codec::value_params(b, q, &bad);
-      for (std::int32_t i = 0; i < b.quant * m.g.row_bytes(); ++i) codec::code_byte(b, i);
+      codec::compress_serial(b, keep.data());
     }
   }
   for (const HexAppendJob& a : plan.append) {
