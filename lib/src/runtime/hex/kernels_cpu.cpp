@@ -353,6 +353,9 @@ void ScoresSplitQ(int per, const std::uint8_t* codes, std::int64_t rows, std::in
 // (AVX2 and SSE4 have 16 registers; AVX-512 and NEON 32).
 constexpr int kAccVectors = (HWY_ARCH_X86 && HWY_TARGET > HWY_AVX3) ? 8 : 16;
 
+// Lambdas of the unrolled kernels are inlined, or their accumulators spill.
+#define KVCAL_INLINE_LAMBDA __attribute__((always_inline))
+
 template <int... kI, class F>
 HWY_INLINE void UnrollSeq(std::integer_sequence<int, kI...>, F f) {
   (f(std::integral_constant<int, kI>()), ...);
@@ -370,7 +373,7 @@ HWY_INLINE void Unroll(F f) {
 // vectors); AccumulateSplit does the rest. Fixed-size targets only (arrays
 // of vectors).
 template <int kPer, int kQ, int kC>
-std::int64_t AccumulateRows(const std::uint8_t* codes, std::int64_t rows, std::int64_t row_bytes, std::int64_t run,
+HWY_FLATTEN std::int64_t AccumulateRows(const std::uint8_t* codes, std::int64_t rows, std::int64_t row_bytes, std::int64_t run,
                             const float* a, std::int64_t a_stride, float* acc, std::int64_t acc_stride) {
   const DF df;
   const auto N = static_cast<std::int64_t>(hn::Lanes(df));
@@ -381,14 +384,14 @@ std::int64_t AccumulateRows(const std::uint8_t* codes, std::int64_t rows, std::i
     const auto slot = [&](int x) {
       return acc + x / (kC * kPer) * acc_stride + x % kPer * run + i + x / kPer % kC * N;
     };
-    Unroll<kA>([&](auto x) { s[x] = hn::LoadU(df, slot(x)); });
+    Unroll<kA>([&](auto x) KVCAL_INLINE_LAMBDA { s[x] = hn::LoadU(df, slot(x)); });
     for (std::int64_t r = 0; r < rows; ++r) {
       const std::uint8_t* row = codes + r * row_bytes + i;
       __builtin_prefetch(row + kPrefetchRows * row_bytes, 0, 3);  // past the end is harmless
-      Unroll<kC>([&](auto c) {
+      Unroll<kC>([&](auto c) KVCAL_INLINE_LAMBDA {
         auto c0 = hn::Zero(df), c1 = c0, c2 = c0, c3 = c0;
         LoadPhases<kPer>(row + c * N, c0, c1, c2, c3);
-        Unroll<kQ>([&](auto j) {
+        Unroll<kQ>([&](auto j) KVCAL_INLINE_LAMBDA {
           constexpr int kB = (j * kC + c) * kPer;
           const auto aj = hn::Set(df, a[j * a_stride + r]);
           s[kB] = hn::MulAdd(aj, c0, s[kB]);
@@ -400,7 +403,7 @@ std::int64_t AccumulateRows(const std::uint8_t* codes, std::int64_t rows, std::i
         });
       });
     }
-    Unroll<kA>([&](auto x) { hn::StoreU(s[x], df, slot(x)); });
+    Unroll<kA>([&](auto x) KVCAL_INLINE_LAMBDA { hn::StoreU(s[x], df, slot(x)); });
   }
   return i;
 }
@@ -646,6 +649,123 @@ void Accumulate3(D d, const std::uint8_t* codes, std::int64_t rows, std::int64_t
     }
 }
 
+#if !HWY_HAVE_SCALABLE && HWY_TARGET != HWY_SCALAR
+// How the score kernel reads one layout: Row(r) is row r's bytes, Unpack
+// gives the kPhases code vectors of vector position i (phase k weighted by
+// w[k * run + i]), Scalar the code of phase k at position i.
+template <int kPer, class D>
+struct SplitReader {  // phase-split rows, kPer = 1, 2 or 4 codes per byte
+  static constexpr int kPhases = kPer;
+  const std::uint8_t* codes;
+  std::int64_t row_bytes;
+  HWY_INLINE const std::uint8_t* Row(std::int64_t r) const { return codes + r * row_bytes; }
+  HWY_INLINE void Unpack(D d, const std::uint8_t* row, std::int64_t i, hn::Vec<D>* c) const {
+    const hn::RebindToSigned<D> di;
+    const hn::Rebind<std::uint8_t, decltype(di)> d8;
+    const auto b = hn::PromoteTo(di, hn::LoadU(d8, row + i));
+    constexpr int kBits = 8 / kPer;
+    const auto mask = hn::Set(di, (1 << kBits) - 1);
+    if constexpr (kPer == 1) {
+      c[0] = hn::ConvertTo(d, b);
+      (void)mask;
+    } else {
+      c[0] = hn::ConvertTo(d, hn::And(b, mask));
+      c[kPer - 1] = hn::ConvertTo(d, hn::ShiftRight<8 - kBits>(b));
+      if constexpr (kPer == 4) {
+        c[1] = hn::ConvertTo(d, hn::And(hn::ShiftRight<2>(b), mask));
+        c[2] = hn::ConvertTo(d, hn::And(hn::ShiftRight<4>(b), mask));
+      }
+    }
+  }
+  HWY_INLINE float Scalar(const std::uint8_t* row, std::int64_t i, int k) const {
+    return PhaseCode<kPer>(row[i], k);
+  }
+};
+template <class D>
+struct GroupReader3 {  // 3-bit rows, eight phases per 24-bit group
+  static constexpr int kPhases = 8;
+  const std::uint8_t* codes;
+  std::int64_t row_bytes;
+  hn::Vec<D> perm_vec;  // kept as a vector: Indices are not regular types on every target
+  hn::Vec<hn::Repartition<std::uint8_t, hn::RebindToUnsigned<D>>> shuffle;
+  GroupReader3(D d, const std::uint8_t* c, std::int64_t rb)
+      : codes(c), row_bytes(rb), perm_vec(hn::BitCast(d, GroupPermutation3(d))), shuffle(GroupShuffle3(d)) {}
+  HWY_INLINE const std::uint8_t* Row(std::int64_t r) const { return codes + r * row_bytes; }
+  HWY_INLINE void Unpack(D d, const std::uint8_t* row, std::int64_t i, hn::Vec<D>* c) const {
+    const hn::RebindToUnsigned<D> du;
+    const auto g = LoadGroups3(d, row + 3 * i, hn::IndicesFromVec(du, hn::BitCast(du, perm_vec)), shuffle);
+    Unroll<8>([&](auto k) KVCAL_INLINE_LAMBDA { c[k] = Code3<decltype(k)::value>(d, g); });
+  }
+  HWY_INLINE float Scalar(const std::uint8_t* row, std::int64_t i, int k) const {
+    return static_cast<float>((Group3(row, i) >> (3 * k)) & 7u);
+  }
+};
+
+// Scores of kQ queries over kR rows at a time: the kR * kQ sums are
+// independent chains in registers (one accumulator per row and query, so
+// that no chain of multiply-adds waits on the one before), reduced four at
+// once. Vector positions [0, vec) go through Unpack, the rest scalar. Returns
+// the rows done (a multiple of kR, at most `rows`); the caller does the rest.
+template <int kR, int kQ, class D, class Reader>
+HWY_FLATTEN std::int64_t ScoresRows(D d, const Reader& rd, std::int64_t rows, std::int64_t run, std::int64_t vec,
+                                    const float* w, std::int64_t w_stride, float* out, std::int64_t out_stride) {
+  constexpr int kP = Reader::kPhases, kA = kR * kQ;
+  const auto N = static_cast<std::int64_t>(hn::Lanes(d));
+  // The weights the vectors read, packed in their order of use (one pointer
+  // and constant offsets instead of kQ * kP strided addresses per step).
+  constexpr std::int64_t kPacked = 4096;
+  if (kQ * kP * vec > kPacked) return 0;
+  HWY_ALIGN float wp[kPacked];
+  for (std::int64_t i = 0; i < vec; i += N)
+    for (int j = 0; j < kQ; ++j)
+      for (int k = 0; k < kP; ++k)
+        hn::Store(hn::LoadU(d, w + j * w_stride + k * run + i), d, wp + (i * kQ * kP + j * kP * N + k * N));
+  std::int64_t r = 0;
+  for (; r + kR <= rows; r += kR) {
+    const std::uint8_t* row[kR];
+    Unroll<kR>([&](auto rr) KVCAL_INLINE_LAMBDA {
+      row[rr] = rd.Row(r + rr);
+      __builtin_prefetch(rd.Row(r + rr + kPrefetchRows), 0, 3);  // past the end is harmless
+    });
+    hn::Vec<D> s[kA];  // s[rr * kQ + j]: row r + rr, query j
+    Unroll<kA>([&](auto x) KVCAL_INLINE_LAMBDA { s[x] = hn::Zero(d); });
+    for (std::int64_t i = 0; i < vec; i += N) {
+      Unroll<kR>([&](auto rr) KVCAL_INLINE_LAMBDA {
+        hn::Vec<D> c[kP];
+        rd.Unpack(d, row[rr], i, c);
+        Unroll<kQ>([&](auto j) KVCAL_INLINE_LAMBDA {
+          constexpr int x = decltype(rr)::value * kQ + decltype(j)::value;
+          const float* wj = wp + i * kQ * kP + j * kP * N;
+          Unroll<kP>([&](auto k) KVCAL_INLINE_LAMBDA { s[x] = hn::MulAdd(c[k], hn::Load(d, wj + k * N), s[x]); });
+        });
+      });
+    }
+    HWY_ALIGN float sum[(kA + 3) / 4 * 4];
+    Unroll<kA / 4>([&](auto g) KVCAL_INLINE_LAMBDA {
+      constexpr int b = 4 * decltype(g)::value;
+      Sum4(d, s[b], s[b + 1], s[b + 2], s[b + 3], sum + b);
+    });
+    Unroll<kA % 4>([&](auto x) KVCAL_INLINE_LAMBDA { sum[kA / 4 * 4 + x] = hn::GetLane(hn::SumOfLanes(d, s[kA / 4 * 4 + x])); });
+    for (int rr = 0; rr < kR; ++rr)
+      for (int j = 0; j < kQ; ++j) {
+        float t = sum[rr * kQ + j];
+        for (std::int64_t i = vec; i < run; ++i)
+          for (int k = 0; k < kP; ++k) t += w[j * w_stride + k * run + i] * rd.Scalar(row[rr], i, k);
+        out[j * out_stride + r + rr] = t;
+      }
+  }
+  return r;
+}
+
+// Rows per step of ScoresRows: eight independent sums where the registers
+// allow (four on 16-register targets with eight-phase rows).
+template <int kQ, int kPhases>
+constexpr int ScoreRowsPerStep() {
+  constexpr int sums = (kAccVectors < 16 && kPhases == 8) ? 4 : 8;
+  return std::max(1, sums / kQ);
+}
+#endif
+
 // Calls f with the widest float tag whose lanes fit in a run of groups (the
 // narrowest where none does: its groups then go scalar).
 template <class F>
@@ -713,12 +833,37 @@ void CodeScores(const std::uint8_t* codes, std::int64_t rows, std::int64_t row_b
   ForCodeLayout(
       codes, rows, row_bytes, bits, dim, nq, bytes,
       [&](auto d, auto kq, std::int64_t run, std::int64_t j) {
-        Scores3<decltype(kq)::value>(d, codes, rows, row_bytes, run, w + j * w_stride, w_stride, out + j * out_stride,
-                                     out_stride);
+        constexpr int kQ = decltype(kq)::value;
+        std::int64_t r = 0;
+#if !HWY_HAVE_SCALABLE && HWY_TARGET != HWY_SCALAR
+        // All rows but the last (read from a padded copy by Scores3).
+        const LastRow3 last(run, static_cast<std::int64_t>(hn::Lanes(d)), codes + (rows - 1) * row_bytes);
+        r = ScoresRows<ScoreRowsPerStep<kQ, 8>(), kQ>(d, GroupReader3<decltype(d)>(d, codes, row_bytes), rows - 1, run,
+                                                      last.vec, w + j * w_stride, w_stride, out + j * out_stride,
+                                                      out_stride);
+#endif
+        Scores3<kQ>(d, codes + r * row_bytes, rows - r, row_bytes, run, w + j * w_stride, w_stride,
+                    out + j * out_stride + r, out_stride);
       },
       [&](auto kq, int per, const std::uint8_t* c, std::int64_t rb, std::int64_t run, std::int64_t j) {
-        ScoresSplitQ<decltype(kq)::value>(per, c, rows, rb, run, w + j * w_stride, w_stride, out + j * out_stride,
-                                          out_stride);
+        constexpr int kQ = decltype(kq)::value;
+        std::int64_t r = 0;
+#if !HWY_HAVE_SCALABLE && HWY_TARGET != HWY_SCALAR
+        const DF df;
+        const std::int64_t vec = run / static_cast<std::int64_t>(hn::Lanes(df)) * static_cast<std::int64_t>(hn::Lanes(df));
+        const auto rows_of = [&](auto per_c) {
+          constexpr int kPer = decltype(per_c)::value;
+          return ScoresRows<ScoreRowsPerStep<kQ, kPer>(), kQ>(df, SplitReader<kPer, DF>{c, rb}, rows, run, vec,
+                                                              w + j * w_stride, w_stride, out + j * out_stride,
+                                                              out_stride);
+        };
+        r = per == 1   ? rows_of(std::integral_constant<int, 1>())
+            : per == 2 ? rows_of(std::integral_constant<int, 2>())
+                       : rows_of(std::integral_constant<int, 4>());
+#endif
+        if (r < rows)
+          ScoresSplitQ<kQ>(per, c + r * rb, rows - r, rb, run, w + j * w_stride, w_stride, out + j * out_stride + r,
+                           out_stride);
       });
 }
 
