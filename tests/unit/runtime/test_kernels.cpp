@@ -197,6 +197,71 @@ TEST(HexKernels, AddSlotsAndGatherMulSubAreExact) {
   });
 }
 
+// The per-block weights of the key and value sides against double sums and
+// the slot order written out by hand.
+TEST(HexKernels, BlockWeightsMatchReference) {
+  on_every_target([] {
+    std::mt19937_64 rng(0x77656967);
+    std::normal_distribution<float> g(0.0f, 1.0f);
+    for (const i64 dim : {1, 3, 4, 8, 12, 40, 64, 128, 130, 200})
+      for (const int bits : {2, 3, 4})
+        for (const i64 nq : {1, 3, 4})
+          for (const bool expander : {false, true}) {
+            SCOPED_TRACE("dim " + std::to_string(dim) + " bits " + std::to_string(bits) + " nq " +
+                         std::to_string(nq) + (expander ? " expander" : ""));
+            const Slots sl(bits, dim);
+            const i64 qs = dim + 5;
+            std::vector<float> params(static_cast<std::size_t>(2 * dim)), q(static_cast<std::size_t>(nq * qs));
+            for (auto& x : params) x = g(rng);
+            for (auto& x : q) x = g(rng);
+            const auto n = [](i64 k) { return static_cast<std::size_t>(k); };
+            std::vector<float> qd(n(nq * dim) + 1, -5.0f), kmin(n(dim) + 1, -5.0f), bias(n(nq) + 1, -5.0f);
+            std::vector<float> qk(n(nq * dim) + 1, -5.0f), u(n(nq * dim) + 1, -5.0f), tmp(n(2 * dim));
+            const float scale = 0.37f;
+            key_weights(params.data(), q.data(), nq, qs, scale, sl, qd.data(), kmin.data(), bias.data(),
+                        expander ? qk.data() : nullptr, u.data(), tmp.data());
+            for (i64 j = 0; j < nq; ++j) {
+              double b = 0, mag = 0;
+              for (i64 c = 0; c < dim; ++c) {
+                const double qc = static_cast<double>(scale) * q[n(j * qs + c)];
+                const double want = qc * params[n(2 * c)];
+                ASSERT_NEAR(qd[n(j * dim + ref_slot(bits, dim, c))], want, 3e-7 * std::fabs(want)) << "channel " << c;
+                if (expander) {
+                  ASSERT_NEAR(qk[n(j * dim + c)], qc, 1e-7 * std::fabs(qc));
+                  ASSERT_NEAR(u[n(j * dim + c)], qc * params[n(2 * c + 1)], 3e-7 * std::fabs(qc * params[n(2 * c + 1)]));
+                }
+                b += qc * params[n(2 * c + 1)];
+                mag += std::fabs(qc * params[n(2 * c + 1)]);
+              }
+              ASSERT_NEAR(bias[n(j)], b, 1e-6 * mag + 1e-7) << "query " << j;
+            }
+            for (i64 c = 0; c < dim; ++c) ASSERT_EQ(kmin[n(c)], params[n(2 * c + 1)]);
+            ASSERT_EQ(qd[n(nq * dim)], -5.0f);  // nothing written past the outputs
+            ASSERT_EQ(kmin[n(dim)], -5.0f);
+            ASSERT_EQ(bias[n(nq)], -5.0f);
+            if (!expander) {
+              ASSERT_EQ(qk[0], -5.0f);
+            }
+          }
+    for (const i64 rows : {0, 1, 5, 16, 33, 96}) {
+      std::vector<float> params(static_cast<std::size_t>(2 * rows)), p(static_cast<std::size_t>(rows));
+      for (auto& x : params) x = g(rng);
+      for (auto& x : p) x = std::fabs(g(rng));
+      std::vector<float> a(static_cast<std::size_t>(rows) + 1, -5.0f);
+      const float s = value_weights(params.data(), p.data(), rows, a.data());
+      double want = 0, mag = 0;
+      for (i64 i = 0; i < rows; ++i) {
+        const auto k = static_cast<std::size_t>(i);
+        ASSERT_EQ(a[k], p[k] * params[2 * k]) << "row " << i;  // one product, exact to the rounding
+        want += static_cast<double>(p[k]) * params[2 * k + 1];
+        mag += std::fabs(static_cast<double>(p[k]) * params[2 * k + 1]);
+      }
+      ASSERT_NEAR(s, want, 1e-6 * mag + 1e-7) << "rows " << rows;
+      ASSERT_EQ(a[static_cast<std::size_t>(rows)], -5.0f);
+    }
+  });
+}
+
 TEST(HexKernels, HalfRowsAndDenseLoopsMatchReference) {
   on_every_target([] {
     std::mt19937_64 rng(0x68616c66);

@@ -227,7 +227,7 @@ namespace {
 
 // Per-thread scratch of the decode paths (no allocation per block).
 struct Scratch {
-  std::vector<float> qd, bias, kmin, params, sparse, qs, acc, base, a, corr, ws, kept, entries;
+  std::vector<float> qd, bias, kmin, params, sparse, qs, acc, base, a, corr, ws, kept, entries, tmp;
   std::vector<std::int8_t> w8;
   std::vector<std::int32_t> qi;
   template <class T>
@@ -271,20 +271,18 @@ void hex_block_scores(const HexBlockView& b, const float* q, std::int64_t nq, st
   float* kmin = Scratch::get(sc.kmin, d);
   float* sparse = Scratch::get(sc.sparse, nqr * d1);
   float* qs = Scratch::get(sc.qs, nq * nqr);  // [nq][quantized row]: the code part of the score
+  float* qk = Scratch::get(sc.corr, 2 * nq * d);  // [nq][channel]: scale * q, then u = scale * q * min
+  float* u = qk + nq * d;
   if (nqr > 0) {
     // The key groups' (delta, min) pairs in one conversion, then split.
     float* params = Scratch::get(sc.params, 2 * d);
     static_assert(sizeof(QuantParams) == 2 * sizeof(half_bits), "QuantParams is two packed halves");
     halves_to_floats(reinterpret_cast<const half_bits*>(b.k_params), 2 * d, params);
-    for (std::int64_t c = 0; c < d; ++c) kmin[c] = params[2 * c + 1];
-    for (std::int64_t j = 0; j < nq; ++j) {
-      const float* qj = q + j * q_stride;
-      float* qdj = qd + j * d;
-      // Channel c = i * per + k sits in slot k * run + i.
-      for (std::int64_t i = 0, c = 0; i < sl.run; ++i)
-        for (std::int64_t k = 0; k < sl.per; ++k, ++c) qdj[k * sl.run + i] = scale * qj[c] * params[2 * c];
-      bias[j] = scale * detail::dot(qj, kmin, d);
-    }
+    // The code weights, kmin, bias, and for the expander's entries (code 0:
+    // the stored value x replaces min_c, so a token's score gains sum_e
+    // qk[c_e] x_e - u[c_e] with qk = scale q and u = qk * min).
+    key_weights(params, q, nq, q_stride, scale, sl, qd, kmin, bias, d1 > 0 ? qk : nullptr, u,
+                Scratch::get(sc.tmp, 2 * d));
     if (d1 > 0) halves_to_floats(b.k_sparse, nqr * d1, sparse);
     if (dot == HexDot::int14 && int_dot_layout(b.bits, d)) {
       // Fixed-point weights per query, integer dot products, one scaling.
@@ -299,17 +297,6 @@ void hex_block_scores(const HexBlockView& b, const float* q, std::int64_t nq, st
       code_scores(b.k_codes, nqr, b.row_bytes, b.bits, d, qd, nq, d, qs, nqr);
     }
   }
-  // Expander entries (code 0): the stored value x replaces min_c, so a
-  // token's score gains sum_e scale q_c (x_e - min_c): with qk = scale q and
-  // u = qk * min per channel, that is sum_e qk[c_e] x_e - u[c_e].
-  float* qk = Scratch::get(sc.corr, 2 * nq * d);
-  float* u = qk + nq * d;
-  if (d1 > 0 && nqr > 0)
-    for (std::int64_t j = 0; j < nq; ++j)
-      for (std::int64_t c = 0; c < d; ++c) {
-        qk[j * d + c] = scale * q[j * q_stride + c];
-        u[j * d + c] = qk[j * d + c] * kmin[c];
-      }
   float* entries = Scratch::get(sc.entries, nqr * d1);  // one query's entry terms, [quantized row][d1]
   for (std::int64_t j = 0; j < nq; ++j)
     walk_tokens(
@@ -365,17 +352,8 @@ void hex_block_accumulate(const HexBlockView& b, const float* p, std::int64_t nq
   walk_tokens(
       b,
       [&](std::int64_t t0, std::int64_t n, std::int64_t qr0) {
-        for (std::int64_t j = 0; j < nq; ++j) {
-          const float* pj = p + j * p_stride + t0;
-          const float* pr = params + 2 * qr0;
-          float* aj = a + j * nqr + qr0;
-          float s = 0;
-          for (std::int64_t i = 0; i < n; ++i) {
-            aj[i] = pj[i] * pr[2 * i];
-            s += pj[i] * pr[2 * i + 1];
-          }
-          base[j] += s;
-        }
+        for (std::int64_t j = 0; j < nq; ++j)
+          base[j] += value_weights(params + 2 * qr0, p + j * p_stride + t0, n, a + j * nqr + qr0);
         for (std::int64_t i = 0; i < n && d1 > 0; ++i) {
           const std::int32_t* cols = b.mask_indices + (t0 + i) * d1;
           const float* xs = sparse + (qr0 + i) * d1;

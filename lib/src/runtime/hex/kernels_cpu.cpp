@@ -919,6 +919,110 @@ void GatherMulSub(const float* a, const float* b, const std::int32_t* idx, const
   for (; i < n; ++i) out[i] = a[idx[i]] * x[i] - b[idx[i]];
 }
 
+// The key side of a block (see kernels_cpu.h: key_weights). Channel-order
+// products first, in vectors, then the slot order: for two and four phases
+// one deinterleaving load per vector, else a scalar permutation.
+void KeyWeights(const float* params, const float* q, std::int64_t nq, std::int64_t q_stride, float scale,
+                std::int64_t per, std::int64_t run, float* qd, float* kmin, float* bias, float* qk, float* u,
+                float* tmp) {
+  const std::int64_t dim = per * run;
+  std::int64_t c0 = 0;
+#if !HWY_HAVE_SCALABLE && HWY_TARGET != HWY_SCALAR
+  const DF df;
+  const auto N = static_cast<std::int64_t>(hn::Lanes(df));
+  float* delta = tmp;
+  for (; c0 + N <= dim; c0 += N) {
+    hn::Vec<DF> dl, mn;
+    hn::LoadInterleaved2(df, params + 2 * c0, dl, mn);
+    hn::StoreU(dl, df, delta + c0);
+    hn::StoreU(mn, df, kmin + c0);
+  }
+#endif
+  for (std::int64_t c = c0; c < dim; ++c) {
+    tmp[c] = params[2 * c];
+    kmin[c] = params[2 * c + 1];
+  }
+  float* prod = tmp + dim;  // scale * q_c * delta_c in channel order
+  for (std::int64_t j = 0; j < nq; ++j) {
+    const float* qj = q + j * q_stride;
+    float* qdj = qd + j * dim;
+    std::int64_t c = 0;
+    float b = 0;
+#if !HWY_HAVE_SCALABLE && HWY_TARGET != HWY_SCALAR
+    const auto sv = hn::Set(df, scale);
+    auto bv = hn::Zero(df);
+    for (; c + N <= dim; c += N) {
+      const auto qs = hn::Mul(sv, hn::LoadU(df, qj + c));
+      const auto mn = hn::LoadU(df, kmin + c);
+      bv = hn::MulAdd(qs, mn, bv);
+      hn::StoreU(hn::Mul(qs, hn::LoadU(df, tmp + c)), df, prod + c);
+      if (qk) {
+        hn::StoreU(qs, df, qk + j * dim + c);
+        hn::StoreU(hn::Mul(qs, mn), df, u + j * dim + c);
+      }
+    }
+    b = hn::GetLane(hn::SumOfLanes(df, bv));
+#endif
+    for (; c < dim; ++c) {
+      const float qs = scale * qj[c];
+      b += qs * kmin[c];
+      prod[c] = qs * tmp[c];
+      if (qk) {
+        qk[j * dim + c] = qs;
+        u[j * dim + c] = qs * kmin[c];
+      }
+    }
+    bias[j] = b;
+    std::int64_t i = 0;
+#if !HWY_HAVE_SCALABLE && HWY_TARGET != HWY_SCALAR
+    if (per == 2) {
+      for (; i + N <= run; i += N) {
+        hn::Vec<DF> e, o;
+        hn::LoadInterleaved2(df, prod + 2 * i, e, o);
+        hn::StoreU(e, df, qdj + i);
+        hn::StoreU(o, df, qdj + run + i);
+      }
+    } else if (per == 4) {
+      for (; i + N <= run; i += N) {
+        hn::Vec<DF> p0, p1, p2, p3;
+        hn::LoadInterleaved4(df, prod + 4 * i, p0, p1, p2, p3);
+        hn::StoreU(p0, df, qdj + i);
+        hn::StoreU(p1, df, qdj + run + i);
+        hn::StoreU(p2, df, qdj + 2 * run + i);
+        hn::StoreU(p3, df, qdj + 3 * run + i);
+      }
+    }
+#endif
+    for (; i < run; ++i)
+      for (std::int64_t k = 0; k < per; ++k) qdj[k * run + i] = prod[i * per + k];
+  }
+}
+
+// The value side of a run of quantized rows: a[i] = p[i] * delta_i, returns
+// sum_i p[i] * min_i ((delta, min) pairs at params).
+float ValueWeights(const float* params, const float* p, std::int64_t n, float* a) {
+  std::int64_t i = 0;
+  float s = 0;
+#if !HWY_HAVE_SCALABLE && HWY_TARGET != HWY_SCALAR
+  const DF df;
+  const auto N = static_cast<std::int64_t>(hn::Lanes(df));
+  auto sv = hn::Zero(df);
+  for (; i + N <= n; i += N) {
+    hn::Vec<DF> dl, mn;
+    hn::LoadInterleaved2(df, params + 2 * i, dl, mn);
+    const auto pv = hn::LoadU(df, p + i);
+    hn::StoreU(hn::Mul(pv, dl), df, a + i);
+    sv = hn::MulAdd(pv, mn, sv);
+  }
+  s = hn::GetLane(hn::SumOfLanes(df, sv));
+#endif
+  for (; i < n; ++i) {
+    a[i] = p[i] * params[2 * i];
+    s += p[i] * params[2 * i + 1];
+  }
+  return s;
+}
+
 // ---------------------------------------------------------------- integer dot
 
 // acc[l] += sum_{i < 4} a[4l + i] * b[4l + i], a unsigned and b signed
@@ -1408,6 +1512,8 @@ HWY_EXPORT(CodeAccumulateInt);
 HWY_EXPORT(QuantizeWeights14);
 HWY_EXPORT(GatherMulSub);
 HWY_EXPORT(AddSlots);
+HWY_EXPORT(KeyWeights);
+HWY_EXPORT(ValueWeights);
 
 namespace {
 // A row of floats per thread for the kernels that convert or unpack a row
@@ -1461,6 +1567,13 @@ void gather_mul_sub(const float* a, const float* b, const std::int32_t* idx, con
 
 void add_slots(const float* acc, const Slots& sl, float bias, float* out) {
   HWY_DYNAMIC_DISPATCH(AddSlots)(acc, sl.per, sl.run, bias, out);
+}
+void key_weights(const float* params, const float* q, std::int64_t nq, std::int64_t q_stride, float scale,
+                 const Slots& sl, float* qd, float* kmin, float* bias, float* qk, float* u, float* tmp) {
+  HWY_DYNAMIC_DISPATCH(KeyWeights)(params, q, nq, q_stride, scale, sl.per, sl.run, qd, kmin, bias, qk, u, tmp);
+}
+float value_weights(const float* params, const float* p, std::int64_t n, float* a) {
+  return HWY_DYNAMIC_DISPATCH(ValueWeights)(params, p, n, a);
 }
 
 bool int_dot_layout(int bits, std::int64_t dim) {
