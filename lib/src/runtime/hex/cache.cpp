@@ -240,7 +240,7 @@ void HexLayerCache::attend(const float* q, std::int64_t q_heads, float scale, fl
   // Exceptions (bad_alloc) must not leave the OpenMP region: the first one is
   // kept and rethrown after it.
   std::exception_ptr failure;
-#pragma omp parallel for schedule(static) if (m.heads > 1 && S * d * group > (1 << 16))
+#pragma omp parallel for schedule(dynamic, 1) if (m.heads > 1 && S * d * group > (1 << 16))
   for (std::int64_t h = 0; h < m.heads; ++h) {
     try {
       attend_head(m, h, q, group, scale, out, probs);
