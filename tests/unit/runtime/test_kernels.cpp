@@ -197,6 +197,49 @@ TEST(HexKernels, AddSlotsAndGatherMulSubAreExact) {
   });
 }
 
+// The expander entries' elementwise kernels: exact (one rounding each).
+TEST(HexKernels, EntryKernelsAreExact) {
+  on_every_target([] {
+    std::mt19937_64 rng(0x656e7472);
+    std::normal_distribution<float> g(0.0f, 1.0f);
+    const auto n_ = [](i64 k) { return static_cast<std::size_t>(k); };
+    for (const i64 n : {0, 1, 5, 16, 33, 100}) {
+      SCOPED_TRACE("n " + std::to_string(n));
+      std::vector<float> b(64), x(n_(n) + 1), y(n_(n) + 1, -3.0f);
+      std::vector<std::int32_t> idx(n_(n));
+      for (auto& v : b) v = g(rng);
+      for (auto& v : x) v = g(rng);
+      for (auto& v : idx) v = static_cast<std::int32_t>(rng() % 64);
+      gather_sub(b.data(), idx.data(), x.data(), n, y.data());
+      for (i64 i = 0; i < n; ++i) ASSERT_EQ(y[n_(i)], x[n_(i)] - b[n_(idx[n_(i)])]) << i;
+      ASSERT_EQ(y[n_(n)], -3.0f);
+      auto x2 = x;
+      gather_sub(b.data(), idx.data(), x2.data(), n, x2.data());  // in place
+      for (i64 i = 0; i < n; ++i) ASSERT_EQ(x2[n_(i)], y[n_(i)]);
+      std::vector<float> z(n_(n) + 1, -3.0f);
+      mul(x.data(), y.data(), n, z.data());
+      for (i64 i = 0; i < n; ++i) ASSERT_EQ(z[n_(i)], x[n_(i)] * y[n_(i)]);
+      ASSERT_EQ(z[n_(n)], -3.0f);
+      for (const i64 grp : {1, 3, 4, 8}) {
+        std::vector<float> p(n_(n)), xs(n_(n * grp)), ys(n_(n * grp) + 1);
+        for (auto& v : p) v = g(rng);
+        for (auto& v : xs) v = g(rng);
+        for (auto& v : ys) v = g(rng);
+        const auto y0 = ys;
+        group_axpy(p.data(), n, grp, xs.data(), ys.data());
+        for (i64 i = 0; i < n; ++i)
+          for (i64 e = 0; e < grp; ++e) {
+            const auto k = n_(i * grp + e);
+            // A fused multiply-add or a product then a sum: within two roundings.
+            const double want = static_cast<double>(p[n_(i)]) * xs[k] + y0[k];
+            ASSERT_NEAR(ys[k], want, 2.5e-7 * (std::fabs(p[n_(i)] * xs[k]) + std::fabs(y0[k]))) << i << " " << e;
+          }
+        ASSERT_EQ(ys[n_(n * grp)], y0[n_(n * grp)]);
+      }
+    }
+  });
+}
+
 // The per-block weights of the key and value sides against double sums and
 // the slot order written out by hand.
 TEST(HexKernels, BlockWeightsMatchReference) {

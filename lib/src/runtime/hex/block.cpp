@@ -255,10 +255,49 @@ void walk_tokens(const HexBlockView& b, Quant f, Kept g) {
 
 }  // namespace
 
+const float* KeyEntries::prepare(const std::int32_t* m, std::int64_t deg, std::int64_t tokens, const float* qs,
+                                 std::int64_t n, std::int64_t q_stride, float scale) {
+  if (m != mask || deg != d1 || qs != q || n != nq || q_stride != stride || tokens > rows) {
+    mask = m, d1 = deg, q = qs, nq = n, stride = q_stride, rows = tokens;
+    qk.resize(static_cast<std::size_t>(nq * rows * d1));
+    for (std::int64_t j = 0; j < nq; ++j)
+      for (std::int64_t i = 0; i < rows * d1; ++i)
+        qk[static_cast<std::size_t>(j * rows * d1 + i)] = scale * q[j * q_stride + m[i]];
+  }
+  return qk.data();
+}
+
+float* ValueEntries::prepare(const std::int32_t* m, std::int64_t deg, std::int64_t tokens, std::int64_t n,
+                             float* o, std::int64_t o_stride) {
+  if (m != mask || deg != d1 || n != nq || o != out || o_stride != out_stride || tokens > rows) {
+    flush();
+    mask = m, d1 = deg, nq = n, out = o, out_stride = o_stride, rows = std::max(rows, tokens);
+    sums.assign(static_cast<std::size_t>(nq * rows * d1), 0.0f);
+  }
+  return sums.data();
+}
+
+void ValueEntries::flush() {
+  if (!mask) return;
+  const std::int64_t n = rows * d1;
+  for (std::int64_t j = 0; j < nq; ++j) {
+    float* sj = sums.data() + j * n;
+    float* oj = out + j * out_stride;
+    for (std::int64_t i = 0; i < n; ++i) oj[mask[i]] += sj[i];
+  }
+  std::fill(sums.begin(), sums.end(), 0.0f);
+}
+
 // Scores: the packed rows through code_scores (one pass for the whole query
 // group), then per token the bias q . min and the expander corrections.
 void hex_block_scores(const HexBlockView& b, const float* q, std::int64_t nq, std::int64_t q_stride, float scale,
                       float* scores, std::int64_t s_stride, HexDot dot) {
+  KeyEntries ke;
+  block_scores(b, q, nq, q_stride, scale, scores, s_stride, dot, ke);
+}
+
+void detail::block_scores(const HexBlockView& b, const float* q, std::int64_t nq, std::int64_t q_stride, float scale,
+                          float* scores, std::int64_t s_stride, HexDot dot, KeyEntries& ke) {
   const std::int64_t d = b.head_dim, d1 = b.mask_degree, nqr = b.quant_rows();
   if (b.bits == 0) {
     half_scores(q, nq, q_stride, b.k_kept, b.tokens, d, d, scale, scores, s_stride);
@@ -271,19 +310,24 @@ void hex_block_scores(const HexBlockView& b, const float* q, std::int64_t nq, st
   float* kmin = Scratch::get(sc.kmin, d);
   float* sparse = Scratch::get(sc.sparse, nqr * d1);
   float* qs = Scratch::get(sc.qs, nq * nqr);  // [nq][quantized row]: the code part of the score
-  float* qk = Scratch::get(sc.corr, 2 * nq * d);  // [nq][channel]: scale * q, then u = scale * q * min
-  float* u = qk + nq * d;
   if (nqr > 0) {
     // The key groups' (delta, min) pairs in one conversion, then split.
     float* params = Scratch::get(sc.params, 2 * d);
     static_assert(sizeof(QuantParams) == 2 * sizeof(half_bits), "QuantParams is two packed halves");
     halves_to_floats(reinterpret_cast<const half_bits*>(b.k_params), 2 * d, params);
-    // The code weights, kmin, bias, and for the expander's entries (code 0:
-    // the stored value x replaces min_c, so a token's score gains sum_e
-    // qk[c_e] x_e - u[c_e] with qk = scale q and u = qk * min).
-    key_weights(params, q, nq, q_stride, scale, sl, qd, kmin, bias, d1 > 0 ? qk : nullptr, u,
-                Scratch::get(sc.tmp, 2 * d));
-    if (d1 > 0) halves_to_floats(b.k_sparse, nqr * d1, sparse);
+    key_weights(params, q, nq, q_stride, scale, sl, qd, kmin, bias, nullptr, nullptr, Scratch::get(sc.tmp, 2 * d));
+    // The expander's entries (code 0): the stored value x replaces min_c, so
+    // a token's score gains sum_e scale q[c_e] (x_e - min[c_e]); the
+    // differences once per block, for every query.
+    if (d1 > 0) {
+      halves_to_floats(b.k_sparse, nqr * d1, sparse);
+      walk_tokens(
+          b,
+          [&](std::int64_t t0, std::int64_t n, std::int64_t qr0) {
+            gather_sub(kmin, b.mask_indices + t0 * d1, sparse + qr0 * d1, n * d1, sparse + qr0 * d1);
+          },
+          [](std::int64_t, std::int64_t) {});
+    }
     if (dot == HexDot::int14 && int_dot_layout(b.bits, d)) {
       // Fixed-point weights per query, integer dot products, one scaling.
       std::int8_t* w8 = Scratch::get(sc.w8, nq * 2 * d);
@@ -298,6 +342,7 @@ void hex_block_scores(const HexBlockView& b, const float* q, std::int64_t nq, st
     }
   }
   float* entries = Scratch::get(sc.entries, nqr * d1);  // one query's entry terms, [quantized row][d1]
+  const float* qk = d1 > 0 && nqr > 0 ? ke.prepare(b.mask_indices, d1, b.tokens, q, nq, q_stride, scale) : nullptr;
   for (std::int64_t j = 0; j < nq; ++j)
     walk_tokens(
         b,
@@ -310,7 +355,7 @@ void hex_block_scores(const HexBlockView& b, const float* q, std::int64_t nq, st
             return;
           }
           float* ej = entries + qr0 * d1;
-          gather_mul_sub(qk + j * d, u + j * d, b.mask_indices + t0 * d1, sparse + qr0 * d1, n * d1, ej);
+          mul(qk + j * ke.rows * d1 + t0 * d1, sparse + qr0 * d1, n * d1, ej);
           for (std::int64_t i = 0; i < n; ++i) {
             float s = bj + qsj[i];
             for (std::int64_t e = 0; e < d1; ++e) s += ej[i * d1 + e];
@@ -333,6 +378,13 @@ void hex_block_scores(const HexBlockView& b, const float* q, std::int64_t nq, st
 // over all packed rows at once.
 void hex_block_accumulate(const HexBlockView& b, const float* p, std::int64_t nq, std::int64_t p_stride, float* out,
                           std::int64_t out_stride, HexDot dot) {
+  ValueEntries ve;
+  block_accumulate(b, p, nq, p_stride, out, out_stride, dot, ve);
+  ve.flush();
+}
+
+void detail::block_accumulate(const HexBlockView& b, const float* p, std::int64_t nq, std::int64_t p_stride,
+                              float* out, std::int64_t out_stride, HexDot dot, ValueEntries& ve) {
   const std::int64_t d = b.head_dim, d1 = b.mask_degree, nqr = b.quant_rows();
   if (b.bits == 0) {
     half_accumulate(p, nq, p_stride, b.v_kept, b.tokens, d, d, out, out_stride);
@@ -348,21 +400,22 @@ void hex_block_accumulate(const HexBlockView& b, const float* p, std::int64_t nq
   std::fill(acc, acc + nq * d, 0.0f);
   std::fill(base, base + nq, 0.0f);
   if (nqr > 0) halves_to_floats(reinterpret_cast<const half_bits*>(b.v_params), 2 * nqr, params);
-  if (d1 > 0 && nqr > 0) halves_to_floats(b.v_sparse, nqr * d1, sparse);
+  // The expander's entries: p_t (x_e - min_t) added to channel c_e, summed
+  // per entry over the blocks (ve) and scattered once.
+  float* sums = nullptr;
+  if (d1 > 0 && nqr > 0) {
+    halves_to_floats(b.v_sparse, nqr * d1, sparse);
+    for (std::int64_t r = 0; r < nqr; ++r)
+      for (std::int64_t e = 0; e < d1; ++e) sparse[r * d1 + e] -= params[2 * r + 1];
+    sums = ve.prepare(b.mask_indices, d1, b.tokens, nq, out, out_stride);
+  }
   walk_tokens(
       b,
       [&](std::int64_t t0, std::int64_t n, std::int64_t qr0) {
-        for (std::int64_t j = 0; j < nq; ++j)
-          base[j] += value_weights(params + 2 * qr0, p + j * p_stride + t0, n, a + j * nqr + qr0);
-        for (std::int64_t i = 0; i < n && d1 > 0; ++i) {
-          const std::int32_t* cols = b.mask_indices + (t0 + i) * d1;
-          const float* xs = sparse + (qr0 + i) * d1;
-          const float vmin = params[2 * (qr0 + i) + 1];
-          for (std::int64_t j = 0; j < nq; ++j) {
-            const float w = p[j * p_stride + t0 + i];
-            float* oj = out + j * out_stride;
-            for (std::int64_t e = 0; e < d1; ++e) oj[cols[e]] += w * (xs[e] - vmin);
-          }
+        for (std::int64_t j = 0; j < nq; ++j) {
+          const float* pj = p + j * p_stride + t0;
+          base[j] += value_weights(params + 2 * qr0, pj, n, a + j * nqr + qr0);
+          if (sums) group_axpy(pj, n, d1, sparse + qr0 * d1, sums + j * ve.rows * d1 + t0 * d1);
         }
       },
       [](std::int64_t, std::int64_t) {});

@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <vector>
 
 #include "kvcal/runtime/hex.h"
 
@@ -24,6 +25,44 @@ void softmax_rows(float* s, std::int64_t rows, std::int64_t n, std::int64_t stri
 // (each is its own allocation, which the hardware prefetcher does not
 // anticipate). No effect on results.
 void prefetch_block(const HexBlockView& b, bool keys);
+
+// The expander entries of the blocks of one head share one mask: entry e of
+// block token t sits in channel c(t, e) = mask_indices[t * d1 + e] in every
+// block. A decode over many blocks keeps what depends only on the mask and
+// the queries here, instead of gathering and scattering per block.
+//
+// Key side: qk[j][t * d1 + e] = scale * q_j[c(t, e)], filled for the first
+// `rows` mask rows of the current mask and queries.
+struct KeyEntries {
+  const std::int32_t* mask = nullptr;
+  const float* q = nullptr;
+  std::int64_t rows = 0, d1 = 0, nq = 0, stride = 0;
+  std::vector<float> qk;
+  // Makes qk valid for `tokens` rows of `mask` (refills on any change).
+  const float* prepare(const std::int32_t* m, std::int64_t d1, std::int64_t tokens, const float* q,
+                       std::int64_t nq, std::int64_t q_stride, float scale);
+};
+// Value side: sums[j][t * d1 + e] adds p_jt (x_te - min_t) over blocks; flush
+// adds them into out_j[c(t, e)] (out_j at out + j * out_stride) and clears
+// them. The owner flushes before the mask, queries or output change and at
+// the end of a decode.
+struct ValueEntries {
+  const std::int32_t* mask = nullptr;
+  float* out = nullptr;
+  std::int64_t rows = 0, d1 = 0, nq = 0, out_stride = 0;
+  std::vector<float> sums;
+  // The sums for `tokens` rows of `mask` into out (flushing first on a change).
+  float* prepare(const std::int32_t* m, std::int64_t d1, std::int64_t tokens, std::int64_t nq, float* out,
+                 std::int64_t out_stride);
+  void flush();
+};
+
+// The block decode with the entry state of a multi-block decode (see
+// hex_block_scores and hex_block_accumulate, which use fresh ones).
+void block_scores(const HexBlockView& b, const float* q, std::int64_t nq, std::int64_t q_stride, float scale,
+                  float* scores, std::int64_t s_stride, HexDot dot, KeyEntries& ke);
+void block_accumulate(const HexBlockView& b, const float* p, std::int64_t nq, std::int64_t p_stride, float* out,
+                      std::int64_t out_stride, HexDot dot, ValueEntries& ve);
 
 // hex_compress_block without its argument checks: HexLayerCache has already
 // checked the mask (constructor) and the keys and values (append).

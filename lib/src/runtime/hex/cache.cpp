@@ -270,10 +270,12 @@ void HexLayerCache::attend_head(const Impl& m, std::int64_t h, const float* q, s
     // The next block's data is requested while this one is decoded.
     const std::size_t nb = hd.blocks.size();
     std::int64_t pos = 0;
+    KeyEntries ke;  // the mask's entries, shared by the blocks
+    ValueEntries ve;
     for (std::size_t i = 0; i < nb; ++i) {
       const HexBlockView v = hd.blocks[i].view();
       if (i + 1 < nb) prefetch_block(hd.blocks[i + 1].view(), true);
-      hex_block_scores(v, qh, group, d, scale, p + pos, S, m.opt.dot);
+      block_scores(v, qh, group, d, scale, p + pos, S, m.opt.dot, ke);
       pos += v.tokens;
     }
     const std::int64_t off = m.residual_offset();
@@ -284,9 +286,10 @@ void HexLayerCache::attend_head(const Impl& m, std::int64_t h, const float* q, s
     for (std::size_t i = 0; i < nb; ++i) {
       const HexBlockView v = hd.blocks[i].view();
       if (i + 1 < nb) prefetch_block(hd.blocks[i + 1].view(), false);
-      hex_block_accumulate(v, p + pos, group, S, oh, d, m.opt.dot);
+      block_accumulate(v, p + pos, group, S, oh, d, m.opt.dot, ve);
       pos += v.tokens;
     }
+    ve.flush();
     half_accumulate(p + pos, group, S, hd.res_v.data() + off * d, S - pos, d, d, oh, d);
   }
 }

@@ -919,6 +919,50 @@ void GatherMulSub(const float* a, const float* b, const std::int32_t* idx, const
   for (; i < n; ++i) out[i] = a[idx[i]] * x[i] - b[idx[i]];
 }
 
+// out[i] = x[i] - b[idx[i]] (in place allowed: out == x).
+void GatherSub(const float* b, const std::int32_t* idx, const float* x, std::int64_t n, float* out) {
+  std::int64_t i = 0;
+#if HWY_TARGET != HWY_SCALAR
+  const DF df;
+  const DI di;
+  const auto N = static_cast<std::int64_t>(hn::Lanes(df));
+  for (; i + N <= n; i += N)
+    hn::StoreU(hn::Sub(hn::LoadU(df, x + i), hn::GatherIndex(df, b, hn::LoadU(di, idx + i))), df, out + i);
+#endif
+  for (; i < n; ++i) out[i] = x[i] - b[idx[i]];
+}
+
+// out[i] = a[i] * b[i].
+void MulF(const float* a, const float* b, std::int64_t n, float* out) {
+  std::int64_t i = 0;
+#if HWY_TARGET != HWY_SCALAR
+  const DF df;
+  const auto N = static_cast<std::int64_t>(hn::Lanes(df));
+  for (; i + N <= n; i += N) hn::StoreU(hn::Mul(hn::LoadU(df, a + i), hn::LoadU(df, b + i)), df, out + i);
+#endif
+  for (; i < n; ++i) out[i] = a[i] * b[i];
+}
+
+// y[i * g + e] += p[i] * x[i * g + e] for i < n, e < g: four lanes per step
+// (one broadcast weight) where g is a multiple of 4.
+void GroupAxpy(const float* p, std::int64_t n, std::int64_t g, const float* x, float* y) {
+#if HWY_TARGET != HWY_SCALAR
+  if (g % 4 == 0) {
+    const hn::CappedTag<float, 4> d4;
+    if (hn::Lanes(d4) == 4) {
+      for (std::int64_t i = 0; i < n; ++i) {
+        const auto w = hn::Set(d4, p[i]);
+        for (std::int64_t e = 0; e < g; e += 4)
+          hn::StoreU(hn::MulAdd(w, hn::LoadU(d4, x + i * g + e), hn::LoadU(d4, y + i * g + e)), d4, y + i * g + e);
+      }
+      return;
+    }
+  }
+#endif
+  for (std::int64_t i = 0; i < n; ++i)
+    for (std::int64_t e = 0; e < g; ++e) y[i * g + e] += p[i] * x[i * g + e];
+}
+
 // The key side of a block (see kernels_cpu.h: key_weights). Channel-order
 // products first, in vectors, then the slot order: for two and four phases
 // one deinterleaving load per vector, else a scalar permutation.
@@ -1513,6 +1557,9 @@ HWY_EXPORT(QuantizeWeights14);
 HWY_EXPORT(GatherMulSub);
 HWY_EXPORT(AddSlots);
 HWY_EXPORT(KeyWeights);
+HWY_EXPORT(GatherSub);
+HWY_EXPORT(MulF);
+HWY_EXPORT(GroupAxpy);
 HWY_EXPORT(ValueWeights);
 
 namespace {
@@ -1571,6 +1618,13 @@ void add_slots(const float* acc, const Slots& sl, float bias, float* out) {
 void key_weights(const float* params, const float* q, std::int64_t nq, std::int64_t q_stride, float scale,
                  const Slots& sl, float* qd, float* kmin, float* bias, float* qk, float* u, float* tmp) {
   HWY_DYNAMIC_DISPATCH(KeyWeights)(params, q, nq, q_stride, scale, sl.per, sl.run, qd, kmin, bias, qk, u, tmp);
+}
+void gather_sub(const float* b, const std::int32_t* idx, const float* x, std::int64_t n, float* out) {
+  HWY_DYNAMIC_DISPATCH(GatherSub)(b, idx, x, n, out);
+}
+void mul(const float* a, const float* b, std::int64_t n, float* out) { HWY_DYNAMIC_DISPATCH(MulF)(a, b, n, out); }
+void group_axpy(const float* p, std::int64_t n, std::int64_t g, const float* x, float* y) {
+  HWY_DYNAMIC_DISPATCH(GroupAxpy)(p, n, g, x, y);
 }
 float value_weights(const float* params, const float* p, std::int64_t n, float* a) {
   return HWY_DYNAMIC_DISPATCH(ValueWeights)(params, p, n, a);

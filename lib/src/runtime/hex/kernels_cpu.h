@@ -76,6 +76,12 @@ void code_accumulate(const std::uint8_t* codes, std::int64_t rows, std::int64_t 
 
 // out[c] += bias + acc[sl.slot(c)] for c < sl.dim (acc and out apart).
 void add_slots(const float* acc, const Slots& sl, float bias, float* out);
+// out[i] = x[i] - b[idx[i]] for i < n (out may be x).
+void gather_sub(const float* b, const std::int32_t* idx, const float* x, std::int64_t n, float* out);
+// out[i] = a[i] * b[i] for i < n.
+void mul(const float* a, const float* b, std::int64_t n, float* out);
+// y[i * g + e] += p[i] * x[i * g + e] for i < n and e < g.
+void group_axpy(const float* p, std::int64_t n, std::int64_t g, const float* x, float* y);
 // The key side of a block for nq queries (q_j at q + j * q_stride), from its
 // key groups as floats, params[2c] = delta_c and params[2c + 1] = min_c for
 // c < sl.dim:
