@@ -746,13 +746,14 @@ HWY_FLATTEN std::int64_t ScoresRows(D d, const Reader& rd, std::int64_t rows, st
       Sum4(d, s[b], s[b + 1], s[b + 2], s[b + 3], sum + b);
     });
     Unroll<kA % 4>([&](auto x) KVCAL_INLINE_LAMBDA { sum[kA / 4 * 4 + x] = hn::GetLane(hn::SumOfLanes(d, s[kA / 4 * 4 + x])); });
-    for (int rr = 0; rr < kR; ++rr)
-      for (int j = 0; j < kQ; ++j) {
-        float t = sum[rr * kQ + j];
-        for (std::int64_t i = vec; i < run; ++i)
-          for (int k = 0; k < kP; ++k) t += w[j * w_stride + k * run + i] * rd.Scalar(row[rr], i, k);
-        out[j * out_stride + r + rr] = t;
-      }
+    if (vec < run)  // the scalar tail (rare: rows whose runs are not whole vectors)
+      for (int rr = 0; rr < kR; ++rr)
+        for (int j = 0; j < kQ; ++j)
+          for (std::int64_t i = vec; i < run; ++i)
+            for (int k = 0; k < kP; ++k) sum[rr * kQ + j] += w[j * w_stride + k * run + i] * rd.Scalar(row[rr], i, k);
+    Unroll<kR>([&](auto rr) KVCAL_INLINE_LAMBDA {
+      Unroll<kQ>([&](auto j) KVCAL_INLINE_LAMBDA { out[j * out_stride + r + rr] = sum[rr * kQ + j]; });
+    });
   }
   return r;
 }
