@@ -184,11 +184,12 @@ HWY_INLINE hn::Vec<DF> DotPhases(hn::Vec<DF> c0, hn::Vec<DF> c1, hn::Vec<DF> c2,
 // rounds of interleaving leave each 128-bit block holding the four partial
 // sums, then the blocks are added (far fewer steps than four reductions).
 template <class D>
-HWY_INLINE void StoreBlockSum(D d, hn::Vec<D> y, float* out4) {
+HWY_INLINE void StoreBlockSum(D d, hn::Vec<D> y, hn::TFromD<D>* out4) {
   if constexpr (HWY_HAVE_SCALABLE) {
-    HWY_ALIGN float lanes[hn::MaxLanes(D())];
+    using T = hn::TFromD<D>;
+    HWY_ALIGN T lanes[hn::MaxLanes(D())];
     hn::Store(y, d, lanes);
-    float s[4] = {0, 0, 0, 0};
+    T s[4] = {0, 0, 0, 0};
     for (std::size_t l = 0; l < hn::Lanes(d); ++l) s[l & 3] += lanes[l];
     for (int m = 0; m < 4; ++m) out4[m] = s[m];
   } else if constexpr (hn::MaxLanes(D()) <= 4) {
@@ -199,7 +200,7 @@ HWY_INLINE void StoreBlockSum(D d, hn::Vec<D> y, float* out4) {
   }
 }
 template <class D>
-HWY_INLINE void Sum4(D d, hn::Vec<D> a0, hn::Vec<D> a1, hn::Vec<D> a2, hn::Vec<D> a3, float* out4) {
+HWY_INLINE void Sum4(D d, hn::Vec<D> a0, hn::Vec<D> a1, hn::Vec<D> a2, hn::Vec<D> a3, hn::TFromD<D>* out4) {
   const hn::Repartition<double, D> d64;
   const auto x01 = hn::Add(hn::InterleaveLower(d, a0, a1), hn::InterleaveUpper(d, a0, a1));
   const auto x23 = hn::Add(hn::InterleaveLower(d, a2, a3), hn::InterleaveUpper(d, a2, a3));
@@ -1421,6 +1422,67 @@ void AccumulateIntPer(D8 d8, int per, const std::uint8_t* codes, std::int64_t ro
 #endif
 }
 
+#if !HWY_HAVE_SCALABLE
+// ScoresInt with kR rows per step unrolled at compile time: the two limbs'
+// sums of each row and query merged in registers (128 hi + lo) and reduced
+// four at a time, the weights packed in their order of use. Returns the rows
+// done (a multiple of kR); ScoresInt does the rest.
+template <int kPer, int kQ, int kR, class D8>
+HWY_FLATTEN std::int64_t ScoresIntRows(D8 d8, const std::uint8_t* codes, std::int64_t rows, std::int64_t row_bytes,
+                                       std::int64_t run, std::int64_t dim, const std::int8_t* w8,
+                                       std::int64_t w8_stride, std::int32_t* out, std::int64_t out_stride) {
+  constexpr int kBits = 8 / kPer, kA = kR * kQ;
+  const hn::Repartition<std::int8_t, D8> di8;
+  const hn::Repartition<std::int32_t, D8> d32;
+  const auto N = static_cast<std::int64_t>(hn::Lanes(d8));
+  constexpr std::int64_t kPacked = 8192;
+  if (2 * kQ * kPer * run > kPacked) return 0;
+  HWY_ALIGN std::int8_t wp[kPacked];  // per vector i: [query][phase][limb] vectors of N bytes
+  for (std::int64_t i = 0; i < run; i += N)
+    for (int j = 0; j < kQ; ++j)
+      for (int k = 0; k < kPer; ++k)
+        for (int limb = 0; limb < 2; ++limb)
+          hn::Store(hn::LoadU(di8, w8 + j * w8_stride + limb * dim + k * run + i), di8,
+                    wp + i * 2 * kQ * kPer + ((j * kPer + k) * 2 + limb) * N);
+  std::int64_t r = 0;
+  for (; r + kR <= rows; r += kR) {
+    hn::Vec<decltype(d32)> h[kA], l[kA];
+    Unroll<kA>([&](auto x) KVCAL_INLINE_LAMBDA { h[x] = l[x] = hn::Zero(d32); });
+    for (std::int64_t i = 0; i < run; i += N) {
+      const std::int8_t* wi = wp + i * 2 * kQ * kPer;
+      Unroll<kR>([&](auto rr) KVCAL_INLINE_LAMBDA {
+        const std::uint8_t* row = codes + (r + rr) * row_bytes;
+        if (i == 0) __builtin_prefetch(row + kPrefetchRows * row_bytes, 0, 3);  // past the end is harmless
+        const auto b = hn::LoadU(d8, row + i);
+        hn::Vec<D8> ph[kPer];
+        Unroll<kPer>([&](auto k) KVCAL_INLINE_LAMBDA { ph[k] = PhaseBytes<kBits, k>(d8, b); });
+        Unroll<kQ>([&](auto j) KVCAL_INLINE_LAMBDA {
+          constexpr int x = decltype(rr)::value * kQ + decltype(j)::value;
+          Unroll<kPer>([&](auto k) KVCAL_INLINE_LAMBDA {
+            const std::int8_t* wk = wi + ((j * kPer + k) * 2) * N;
+            h[x] = DotBytes(d8, ph[k], hn::Load(di8, wk), h[x]);
+            l[x] = DotBytes(d8, ph[k], hn::Load(di8, wk + N), l[x]);
+          });
+        });
+      });
+    }
+    HWY_ALIGN std::int32_t sum[(kA + 3) / 4 * 4];
+    Unroll<kA>([&](auto x) KVCAL_INLINE_LAMBDA { h[x] = hn::Add(hn::ShiftLeft<7>(h[x]), l[x]); });
+    Unroll<kA / 4>([&](auto g) KVCAL_INLINE_LAMBDA {
+      constexpr int b = 4 * decltype(g)::value;
+      Sum4(d32, h[b], h[b + 1], h[b + 2], h[b + 3], sum + b);
+    });
+    Unroll<kA % 4>([&](auto x) KVCAL_INLINE_LAMBDA {
+      sum[kA / 4 * 4 + x] = hn::GetLane(hn::SumOfLanes(d32, h[kA / 4 * 4 + x]));
+    });
+    Unroll<kR>([&](auto rr) KVCAL_INLINE_LAMBDA {
+      Unroll<kQ>([&](auto j) KVCAL_INLINE_LAMBDA { out[j * out_stride + r + rr] = sum[rr * kQ + j]; });
+    });
+  }
+  return r;
+}
+#endif
+
 template <int kPer, class D8>
 void ScoresIntGroups(D8 d8, const std::uint8_t* codes, std::int64_t rows, std::int64_t row_bytes, std::int64_t run,
                      std::int64_t dim, const std::int8_t* w8, std::int64_t nq, std::int64_t w8_stride,
@@ -1428,18 +1490,29 @@ void ScoresIntGroups(D8 d8, const std::uint8_t* codes, std::int64_t rows, std::i
   for (std::int64_t j = 0; j < nq; j += 4) {
     const std::int8_t* wj = w8 + j * w8_stride;
     std::int32_t* oj = out + j * out_stride;
+    const auto group = [&](auto kq) {
+      constexpr int kQ = decltype(kq)::value;
+      std::int64_t r = 0;
+#if !HWY_HAVE_SCALABLE
+      constexpr int kR = std::max(1, (kAccVectors / 2) / kQ);  // two limbs per row and query
+      r = ScoresIntRows<kPer, kQ, kR>(d8, codes, rows, row_bytes, run, dim, wj, w8_stride, oj, out_stride);
+#endif
+      if (r < rows)
+        ScoresInt<kPer, kQ>(d8, codes + r * row_bytes, rows - r, row_bytes, run, dim, wj, w8_stride, oj + r,
+                            out_stride);
+    };
     switch (std::min<std::int64_t>(4, nq - j)) {
       case 1:
-        ScoresInt<kPer, 1>(d8, codes, rows, row_bytes, run, dim, wj, w8_stride, oj, out_stride);
+        group(std::integral_constant<int, 1>());
         break;
       case 2:
-        ScoresInt<kPer, 2>(d8, codes, rows, row_bytes, run, dim, wj, w8_stride, oj, out_stride);
+        group(std::integral_constant<int, 2>());
         break;
       case 3:
-        ScoresInt<kPer, 3>(d8, codes, rows, row_bytes, run, dim, wj, w8_stride, oj, out_stride);
+        group(std::integral_constant<int, 3>());
         break;
       default:
-        ScoresInt<kPer, 4>(d8, codes, rows, row_bytes, run, dim, wj, w8_stride, oj, out_stride);
+        group(std::integral_constant<int, 4>());
         break;
     }
   }
@@ -1517,15 +1590,11 @@ float QuantizeWeights14(const float* w, std::int64_t n, std::int8_t* limbs) {
   const float inv = 8191.0f / m;
   const auto iv = hn::Set(df, inv);
   const auto top = hn::Set(di, 8191), bottom = hn::Set(di, -8191), low7 = hn::Set(di, 127);
-  HWY_ALIGN std::int32_t hv[hn::MaxLanes(di)], lv[hn::MaxLanes(di)];
+  const hn::Rebind<std::int8_t, DI> d8;  // both limbs fit int8: no saturation happens
   for (i = 0; i + N <= n; i += N) {
     const auto v = hn::Min(hn::Max(hn::NearestInt(hn::Mul(hn::LoadU(df, w + i), iv)), bottom), top);
-    hn::Store(hn::ShiftRight<7>(v), di, hv);  // arithmetic: floor(v / 128)
-    hn::Store(hn::And(v, low7), di, lv);      // v - 128 floor(v / 128)
-    for (std::int64_t l = 0; l < N; ++l) {
-      limbs[i + l] = static_cast<std::int8_t>(hv[l]);
-      limbs[n + i + l] = static_cast<std::int8_t>(lv[l]);
-    }
+    hn::StoreU(hn::DemoteTo(d8, hn::ShiftRight<7>(v)), d8, limbs + i);  // arithmetic: floor(v / 128)
+    hn::StoreU(hn::DemoteTo(d8, hn::And(v, low7)), d8, limbs + n + i);   // v - 128 floor(v / 128)
   }
   for (; i < n; ++i) {
     const long v = std::clamp(std::lrint(w[i] * inv), -8191L, 8191L);
