@@ -660,6 +660,7 @@ struct SplitReader {  // phase-split rows, kPer = 1, 2 or 4 codes per byte
   const std::uint8_t* codes;
   std::int64_t row_bytes;
   HWY_INLINE const std::uint8_t* Row(std::int64_t r) const { return codes + r * row_bytes; }
+  HWY_INLINE const std::uint8_t* ScalarRow(std::int64_t r) const { return Row(r); }
   HWY_INLINE void Unpack(D d, const std::uint8_t* row, std::int64_t i, hn::Vec<D>* c) const {
     const hn::RebindToSigned<D> di;
     const hn::Rebind<std::uint8_t, decltype(di)> d8;
@@ -686,12 +687,19 @@ template <class D>
 struct GroupReader3 {  // 3-bit rows, eight phases per 24-bit group
   static constexpr int kPhases = 8;
   const std::uint8_t* codes;
-  std::int64_t row_bytes;
+  std::int64_t row_bytes, last;  // row `last` is read from `pad` (vectors read past a row's bytes)
+  const std::uint8_t* pad;
   hn::Vec<D> perm_vec;  // kept as a vector: Indices are not regular types on every target
   hn::Vec<hn::Repartition<std::uint8_t, hn::RebindToUnsigned<D>>> shuffle;
-  GroupReader3(D d, const std::uint8_t* c, std::int64_t rb)
-      : codes(c), row_bytes(rb), perm_vec(hn::BitCast(d, GroupPermutation3(d))), shuffle(GroupShuffle3(d)) {}
-  HWY_INLINE const std::uint8_t* Row(std::int64_t r) const { return codes + r * row_bytes; }
+  GroupReader3(D d, const std::uint8_t* c, std::int64_t rb, std::int64_t last_row, const std::uint8_t* last_pad)
+      : codes(c),
+        row_bytes(rb),
+        last(last_row),
+        pad(last_pad),
+        perm_vec(hn::BitCast(d, GroupPermutation3(d))),
+        shuffle(GroupShuffle3(d)) {}
+  HWY_INLINE const std::uint8_t* Row(std::int64_t r) const { return r == last ? pad : codes + r * row_bytes; }
+  HWY_INLINE const std::uint8_t* ScalarRow(std::int64_t r) const { return codes + r * row_bytes; }
   HWY_INLINE void Unpack(D d, const std::uint8_t* row, std::int64_t i, hn::Vec<D>* c) const {
     const hn::RebindToUnsigned<D> du;
     const auto g = LoadGroups3(d, row + 3 * i, hn::IndicesFromVec(du, hn::BitCast(du, perm_vec)), shuffle);
@@ -751,7 +759,8 @@ HWY_FLATTEN std::int64_t ScoresRows(D d, const Reader& rd, std::int64_t rows, st
       for (int rr = 0; rr < kR; ++rr)
         for (int j = 0; j < kQ; ++j)
           for (std::int64_t i = vec; i < run; ++i)
-            for (int k = 0; k < kP; ++k) sum[rr * kQ + j] += w[j * w_stride + k * run + i] * rd.Scalar(row[rr], i, k);
+            for (int k = 0; k < kP; ++k)
+              sum[rr * kQ + j] += w[j * w_stride + k * run + i] * rd.Scalar(rd.ScalarRow(r + rr), i, k);
     Unroll<kR>([&](auto rr) KVCAL_INLINE_LAMBDA {
       Unroll<kQ>([&](auto j) KVCAL_INLINE_LAMBDA { out[j * out_stride + r + rr] = sum[rr * kQ + j]; });
     });
@@ -838,11 +847,12 @@ void CodeScores(const std::uint8_t* codes, std::int64_t rows, std::int64_t row_b
         constexpr int kQ = decltype(kq)::value;
         std::int64_t r = 0;
 #if !HWY_HAVE_SCALABLE && HWY_TARGET != HWY_SCALAR
-        // All rows but the last (read from a padded copy by Scores3).
+        // The last row read from a padded copy; the rows left over go to Scores3.
         const LastRow3 last(run, static_cast<std::int64_t>(hn::Lanes(d)), codes + (rows - 1) * row_bytes);
-        r = ScoresRows<ScoreRowsPerStep<kQ, 8>(), kQ>(d, GroupReader3<decltype(d)>(d, codes, row_bytes), rows - 1, run,
-                                                      last.vec, w + j * w_stride, w_stride, out + j * out_stride,
-                                                      out_stride);
+        r = ScoresRows<ScoreRowsPerStep<kQ, 8>(), kQ>(
+            d, GroupReader3<decltype(d)>(d, codes, row_bytes, rows - 1, last.pad), rows, run, last.vec,
+            w + j * w_stride, w_stride, out + j * out_stride, out_stride);
+        if (r == rows) return;
 #endif
         Scores3<kQ>(d, codes + r * row_bytes, rows - r, row_bytes, run, w + j * w_stride, w_stride,
                     out + j * out_stride + r, out_stride);
