@@ -355,7 +355,21 @@ void ScoresSplitQ(int per, const std::uint8_t* codes, std::int64_t rows, std::in
 constexpr int kAccVectors = (HWY_ARCH_X86 && HWY_TARGET > HWY_AVX3) ? 8 : 16;
 
 // Lambdas of the unrolled kernels are inlined, or their accumulators spill.
+// Not in sanitizer builds: forced inlining of the unrolled bodies with their
+// instrumented arrays of vectors makes the compiler take tens of minutes, and
+// speed is not what those builds are for.
+#ifndef KVCAL_UNROLL_ATTRS
+#define KVCAL_UNROLL_ATTRS
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+#define KVCAL_INLINE_LAMBDA
+#define KVCAL_FLATTEN
+#define KVCAL_ROW_KERNELS 0  // the row-unrolled score kernels: not compiled (see above)
+#else
+#define KVCAL_ROW_KERNELS 1
 #define KVCAL_INLINE_LAMBDA __attribute__((always_inline))
+#define KVCAL_FLATTEN HWY_FLATTEN
+#endif
+#endif
 
 template <int... kI, class F>
 HWY_INLINE void UnrollSeq(std::integer_sequence<int, kI...>, F f) {
@@ -374,7 +388,7 @@ HWY_INLINE void Unroll(F f) {
 // vectors); AccumulateSplit does the rest. Fixed-size targets only (arrays
 // of vectors).
 template <int kPer, int kQ, int kC>
-HWY_FLATTEN std::int64_t AccumulateRows(const std::uint8_t* codes, std::int64_t rows, std::int64_t row_bytes, std::int64_t run,
+KVCAL_FLATTEN std::int64_t AccumulateRows(const std::uint8_t* codes, std::int64_t rows, std::int64_t row_bytes, std::int64_t run,
                             const float* a, std::int64_t a_stride, float* acc, std::int64_t acc_stride) {
   const DF df;
   const auto N = static_cast<std::int64_t>(hn::Lanes(df));
@@ -716,7 +730,7 @@ struct GroupReader3 {  // 3-bit rows, eight phases per 24-bit group
 // once. Vector positions [0, vec) go through Unpack, the rest scalar. Returns
 // the rows done (a multiple of kR, at most `rows`); the caller does the rest.
 template <int kR, int kQ, class D, class Reader>
-HWY_FLATTEN std::int64_t ScoresRows(D d, const Reader& rd, std::int64_t rows, std::int64_t run, std::int64_t vec,
+KVCAL_FLATTEN std::int64_t ScoresRows(D d, const Reader& rd, std::int64_t rows, std::int64_t run, std::int64_t vec,
                                     const float* w, std::int64_t w_stride, float* out, std::int64_t out_stride) {
   constexpr int kP = Reader::kPhases, kA = kR * kQ;
   const auto N = static_cast<std::int64_t>(hn::Lanes(d));
@@ -846,7 +860,7 @@ void CodeScores(const std::uint8_t* codes, std::int64_t rows, std::int64_t row_b
       [&](auto d, auto kq, std::int64_t run, std::int64_t j) {
         constexpr int kQ = decltype(kq)::value;
         std::int64_t r = 0;
-#if !HWY_HAVE_SCALABLE && HWY_TARGET != HWY_SCALAR
+#if !HWY_HAVE_SCALABLE && HWY_TARGET != HWY_SCALAR && KVCAL_ROW_KERNELS
         // The last row read from a padded copy; the rows left over go to Scores3.
         const LastRow3 last(run, static_cast<std::int64_t>(hn::Lanes(d)), codes + (rows - 1) * row_bytes);
         r = ScoresRows<ScoreRowsPerStep<kQ, 8>(), kQ>(
@@ -860,7 +874,7 @@ void CodeScores(const std::uint8_t* codes, std::int64_t rows, std::int64_t row_b
       [&](auto kq, int per, const std::uint8_t* c, std::int64_t rb, std::int64_t run, std::int64_t j) {
         constexpr int kQ = decltype(kq)::value;
         std::int64_t r = 0;
-#if !HWY_HAVE_SCALABLE && HWY_TARGET != HWY_SCALAR
+#if !HWY_HAVE_SCALABLE && HWY_TARGET != HWY_SCALAR && KVCAL_ROW_KERNELS
         const DF df;
         const std::int64_t vec = run / static_cast<std::int64_t>(hn::Lanes(df)) * static_cast<std::int64_t>(hn::Lanes(df));
         const auto rows_of = [&](auto per_c) {
@@ -1438,7 +1452,7 @@ void AccumulateIntPer(D8 d8, int per, const std::uint8_t* codes, std::int64_t ro
 // four at a time, the weights packed in their order of use. Returns the rows
 // done (a multiple of kR); ScoresInt does the rest.
 template <int kPer, int kQ, int kR, class D8>
-HWY_FLATTEN std::int64_t ScoresIntRows(D8 d8, const std::uint8_t* codes, std::int64_t rows, std::int64_t row_bytes,
+KVCAL_FLATTEN std::int64_t ScoresIntRows(D8 d8, const std::uint8_t* codes, std::int64_t rows, std::int64_t row_bytes,
                                        std::int64_t run, std::int64_t dim, const std::int8_t* w8,
                                        std::int64_t w8_stride, std::int32_t* out, std::int64_t out_stride) {
   constexpr int kBits = 8 / kPer, kA = kR * kQ;
@@ -1503,7 +1517,7 @@ void ScoresIntGroups(D8 d8, const std::uint8_t* codes, std::int64_t rows, std::i
     const auto group = [&](auto kq) {
       constexpr int kQ = decltype(kq)::value;
       std::int64_t r = 0;
-#if !HWY_HAVE_SCALABLE
+#if !HWY_HAVE_SCALABLE && KVCAL_ROW_KERNELS
       constexpr int kR = std::max(1, (kAccVectors / 2) / kQ);  // two limbs per row and query
       r = ScoresIntRows<kPer, kQ, kR>(d8, codes, rows, row_bytes, run, dim, wj, w8_stride, oj, out_stride);
 #endif
