@@ -227,7 +227,7 @@ namespace {
 
 // Per-thread scratch of the decode paths (no allocation per block).
 struct Scratch {
-  std::vector<float> qd, bias, kmin, params, sparse, qs, acc, base, a, corr, ws, kept, entries, tmp;
+  std::vector<float> qd, bias, kmin, params, sparse, qs, acc, base, a, ws, kept, entries, tmp;
   std::vector<std::int8_t> w8;
   std::vector<std::int32_t> qi;
   template <class T>
@@ -267,8 +267,8 @@ const float* KeyEntries::prepare(const std::int32_t* m, std::int64_t deg, std::i
   return qk.data();
 }
 
-float* ValueEntries::prepare(const std::int32_t* m, std::int64_t deg, std::int64_t tokens, std::int64_t n,
-                             float* o, std::int64_t o_stride) {
+float* ValueEntries::prepare(const std::int32_t* m, std::int64_t deg, std::int64_t tokens, std::int64_t n, float* o,
+                             std::int64_t o_stride) {
   if (m != mask || deg != d1 || n != nq || o != out || o_stride != out_stride || tokens > rows) {
     flush();
     mask = m, d1 = deg, nq = n, out = o, out_stride = o_stride, rows = std::max(rows, tokens);
@@ -315,7 +315,7 @@ void detail::block_scores(const HexBlockView& b, const float* q, std::int64_t nq
     float* params = Scratch::get(sc.params, 2 * d);
     static_assert(sizeof(QuantParams) == 2 * sizeof(half_bits), "QuantParams is two packed halves");
     halves_to_floats(reinterpret_cast<const half_bits*>(b.k_params), 2 * d, params);
-    key_weights(params, q, nq, q_stride, scale, sl, qd, kmin, bias, nullptr, nullptr, Scratch::get(sc.tmp, 2 * d));
+    key_weights(params, q, nq, q_stride, scale, sl, qd, kmin, bias, Scratch::get(sc.tmp, 2 * d));
     // The expander's entries (code 0): the stored value x replaces min_c, so
     // a token's score gains sum_e scale q[c_e] (x_e - min[c_e]); the
     // differences once per block, for every query.
@@ -383,8 +383,8 @@ void hex_block_accumulate(const HexBlockView& b, const float* p, std::int64_t nq
   ve.flush();
 }
 
-void detail::block_accumulate(const HexBlockView& b, const float* p, std::int64_t nq, std::int64_t p_stride,
-                              float* out, std::int64_t out_stride, HexDot dot, ValueEntries& ve) {
+void detail::block_accumulate(const HexBlockView& b, const float* p, std::int64_t nq, std::int64_t p_stride, float* out,
+                              std::int64_t out_stride, HexDot dot, ValueEntries& ve) {
   const std::int64_t d = b.head_dim, d1 = b.mask_degree, nqr = b.quant_rows();
   if (b.bits == 0) {
     half_accumulate(p, nq, p_stride, b.v_kept, b.tokens, d, d, out, out_stride);

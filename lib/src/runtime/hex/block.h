@@ -39,8 +39,8 @@ struct KeyEntries {
   std::int64_t rows = 0, d1 = 0, nq = 0, stride = 0;
   std::vector<float> qk;
   // Makes qk valid for `tokens` rows of `mask` (refills on any change).
-  const float* prepare(const std::int32_t* m, std::int64_t d1, std::int64_t tokens, const float* q,
-                       std::int64_t nq, std::int64_t q_stride, float scale);
+  const float* prepare(const std::int32_t* m, std::int64_t d1, std::int64_t tokens, const float* q, std::int64_t nq,
+                       std::int64_t q_stride, float scale);
 };
 // Value side: sums[j][t * d1 + e] adds p_jt (x_te - min_t) over blocks; flush
 // adds them into out_j[c(t, e)] (out_j at out + j * out_stride) and clears

@@ -388,8 +388,9 @@ HWY_INLINE void Unroll(F f) {
 // vectors); AccumulateSplit does the rest. Fixed-size targets only (arrays
 // of vectors).
 template <int kPer, int kQ, int kC>
-KVCAL_FLATTEN std::int64_t AccumulateRows(const std::uint8_t* codes, std::int64_t rows, std::int64_t row_bytes, std::int64_t run,
-                            const float* a, std::int64_t a_stride, float* acc, std::int64_t acc_stride) {
+KVCAL_FLATTEN std::int64_t AccumulateRows(const std::uint8_t* codes, std::int64_t rows, std::int64_t row_bytes,
+                                          std::int64_t run, const float* a, std::int64_t a_stride, float* acc,
+                                          std::int64_t acc_stride) {
   const DF df;
   const auto N = static_cast<std::int64_t>(hn::Lanes(df));
   constexpr int kA = kQ * kC * kPer;
@@ -693,9 +694,7 @@ struct SplitReader {  // phase-split rows, kPer = 1, 2 or 4 codes per byte
       }
     }
   }
-  HWY_INLINE float Scalar(const std::uint8_t* row, std::int64_t i, int k) const {
-    return PhaseCode<kPer>(row[i], k);
-  }
+  HWY_INLINE float Scalar(const std::uint8_t* row, std::int64_t i, int k) const { return PhaseCode<kPer>(row[i], k); }
 };
 template <class D>
 struct GroupReader3 {  // 3-bit rows, eight phases per 24-bit group
@@ -731,7 +730,7 @@ struct GroupReader3 {  // 3-bit rows, eight phases per 24-bit group
 // the rows done (a multiple of kR, at most `rows`); the caller does the rest.
 template <int kR, int kQ, class D, class Reader>
 KVCAL_FLATTEN std::int64_t ScoresRows(D d, const Reader& rd, std::int64_t rows, std::int64_t run, std::int64_t vec,
-                                    const float* w, std::int64_t w_stride, float* out, std::int64_t out_stride) {
+                                      const float* w, std::int64_t w_stride, float* out, std::int64_t out_stride) {
   constexpr int kP = Reader::kPhases, kA = kR * kQ;
   const auto N = static_cast<std::int64_t>(hn::Lanes(d));
   // The weights the vectors read, packed in their order of use (one pointer
@@ -768,7 +767,8 @@ KVCAL_FLATTEN std::int64_t ScoresRows(D d, const Reader& rd, std::int64_t rows, 
       constexpr int b = 4 * decltype(g)::value;
       Sum4(d, s[b], s[b + 1], s[b + 2], s[b + 3], sum + b);
     });
-    Unroll<kA % 4>([&](auto x) KVCAL_INLINE_LAMBDA { sum[kA / 4 * 4 + x] = hn::GetLane(hn::SumOfLanes(d, s[kA / 4 * 4 + x])); });
+    Unroll<kA % 4>(
+        [&](auto x) KVCAL_INLINE_LAMBDA { sum[kA / 4 * 4 + x] = hn::GetLane(hn::SumOfLanes(d, s[kA / 4 * 4 + x])); });
     if (vec < run)  // the scalar tail (rare: rows whose runs are not whole vectors)
       for (int rr = 0; rr < kR; ++rr)
         for (int j = 0; j < kQ; ++j)
@@ -876,7 +876,8 @@ void CodeScores(const std::uint8_t* codes, std::int64_t rows, std::int64_t row_b
         std::int64_t r = 0;
 #if !HWY_HAVE_SCALABLE && HWY_TARGET != HWY_SCALAR && KVCAL_ROW_KERNELS
         const DF df;
-        const std::int64_t vec = run / static_cast<std::int64_t>(hn::Lanes(df)) * static_cast<std::int64_t>(hn::Lanes(df));
+        const std::int64_t vec =
+            run / static_cast<std::int64_t>(hn::Lanes(df)) * static_cast<std::int64_t>(hn::Lanes(df));
         const auto rows_of = [&](auto per_c) {
           constexpr int kPer = decltype(per_c)::value;
           return ScoresRows<ScoreRowsPerStep<kQ, kPer>(), kQ>(df, SplitReader<kPer, DF>{c, rb}, rows, run, vec,
@@ -929,22 +930,6 @@ void AddSlots(const float* acc, std::int64_t per, std::int64_t run, float bias, 
   }
 }
 
-// out[i] = a[idx[i]] * x[i] - b[idx[i]] for i < n (the expander entries'
-// score terms: two gathers per vector of entries).
-void GatherMulSub(const float* a, const float* b, const std::int32_t* idx, const float* x, std::int64_t n, float* out) {
-  std::int64_t i = 0;
-#if HWY_TARGET != HWY_SCALAR
-  const DF df;
-  const DI di;
-  const auto N = static_cast<std::int64_t>(hn::Lanes(df));
-  for (; i + N <= n; i += N) {
-    const auto ix = hn::LoadU(di, idx + i);
-    hn::StoreU(hn::MulSub(hn::GatherIndex(df, a, ix), hn::LoadU(df, x + i), hn::GatherIndex(df, b, ix)), df, out + i);
-  }
-#endif
-  for (; i < n; ++i) out[i] = a[idx[i]] * x[i] - b[idx[i]];
-}
-
 // out[i] = x[i] - b[idx[i]] (in place allowed: out == x).
 void GatherSub(const float* b, const std::int32_t* idx, const float* x, std::int64_t n, float* out) {
   std::int64_t i = 0;
@@ -993,8 +978,7 @@ void GroupAxpy(const float* p, std::int64_t n, std::int64_t g, const float* x, f
 // products first, in vectors, then the slot order: for two and four phases
 // one deinterleaving load per vector, else a scalar permutation.
 void KeyWeights(const float* params, const float* q, std::int64_t nq, std::int64_t q_stride, float scale,
-                std::int64_t per, std::int64_t run, float* qd, float* kmin, float* bias, float* qk, float* u,
-                float* tmp) {
+                std::int64_t per, std::int64_t run, float* qd, float* kmin, float* bias, float* tmp) {
   const std::int64_t dim = per * run;
   std::int64_t c0 = 0;
 #if !HWY_HAVE_SCALABLE && HWY_TARGET != HWY_SCALAR
@@ -1026,10 +1010,6 @@ void KeyWeights(const float* params, const float* q, std::int64_t nq, std::int64
       const auto mn = hn::LoadU(df, kmin + c);
       bv = hn::MulAdd(qs, mn, bv);
       hn::StoreU(hn::Mul(qs, hn::LoadU(df, tmp + c)), df, prod + c);
-      if (qk) {
-        hn::StoreU(qs, df, qk + j * dim + c);
-        hn::StoreU(hn::Mul(qs, mn), df, u + j * dim + c);
-      }
     }
     b = hn::GetLane(hn::SumOfLanes(df, bv));
 #endif
@@ -1037,10 +1017,6 @@ void KeyWeights(const float* params, const float* q, std::int64_t nq, std::int64
       const float qs = scale * qj[c];
       b += qs * kmin[c];
       prod[c] = qs * tmp[c];
-      if (qk) {
-        qk[j * dim + c] = qs;
-        u[j * dim + c] = qs * kmin[c];
-      }
     }
     bias[j] = b;
     std::int64_t i = 0;
@@ -1453,8 +1429,8 @@ void AccumulateIntPer(D8 d8, int per, const std::uint8_t* codes, std::int64_t ro
 // done (a multiple of kR); ScoresInt does the rest.
 template <int kPer, int kQ, int kR, class D8>
 KVCAL_FLATTEN std::int64_t ScoresIntRows(D8 d8, const std::uint8_t* codes, std::int64_t rows, std::int64_t row_bytes,
-                                       std::int64_t run, std::int64_t dim, const std::int8_t* w8,
-                                       std::int64_t w8_stride, std::int32_t* out, std::int64_t out_stride) {
+                                         std::int64_t run, std::int64_t dim, const std::int8_t* w8,
+                                         std::int64_t w8_stride, std::int32_t* out, std::int64_t out_stride) {
   constexpr int kBits = 8 / kPer, kA = kR * kQ;
   const hn::Repartition<std::int8_t, D8> di8;
   const hn::Repartition<std::int32_t, D8> d32;
@@ -1496,9 +1472,8 @@ KVCAL_FLATTEN std::int64_t ScoresIntRows(D8 d8, const std::uint8_t* codes, std::
       constexpr int b = 4 * decltype(g)::value;
       Sum4(d32, h[b], h[b + 1], h[b + 2], h[b + 3], sum + b);
     });
-    Unroll<kA % 4>([&](auto x) KVCAL_INLINE_LAMBDA {
-      sum[kA / 4 * 4 + x] = hn::GetLane(hn::SumOfLanes(d32, h[kA / 4 * 4 + x]));
-    });
+    Unroll<kA % 4>(
+        [&](auto x) KVCAL_INLINE_LAMBDA { sum[kA / 4 * 4 + x] = hn::GetLane(hn::SumOfLanes(d32, h[kA / 4 * 4 + x])); });
     Unroll<kR>([&](auto rr) KVCAL_INLINE_LAMBDA {
       Unroll<kQ>([&](auto j) KVCAL_INLINE_LAMBDA { out[j * out_stride + r + rr] = sum[rr * kQ + j]; });
     });
@@ -1618,7 +1593,7 @@ float QuantizeWeights14(const float* w, std::int64_t n, std::int8_t* limbs) {
   for (i = 0; i + N <= n; i += N) {
     const auto v = hn::Min(hn::Max(hn::NearestInt(hn::Mul(hn::LoadU(df, w + i), iv)), bottom), top);
     hn::StoreU(hn::DemoteTo(d8, hn::ShiftRight<7>(v)), d8, limbs + i);  // arithmetic: floor(v / 128)
-    hn::StoreU(hn::DemoteTo(d8, hn::And(v, low7)), d8, limbs + n + i);   // v - 128 floor(v / 128)
+    hn::StoreU(hn::DemoteTo(d8, hn::And(v, low7)), d8, limbs + n + i);  // v - 128 floor(v / 128)
   }
   for (; i < n; ++i) {
     const long v = std::clamp(std::lrint(w[i] * inv), -8191L, 8191L);
@@ -1648,7 +1623,6 @@ HWY_EXPORT(CodeAccumulate);
 HWY_EXPORT(CodeScoresInt);
 HWY_EXPORT(CodeAccumulateInt);
 HWY_EXPORT(QuantizeWeights14);
-HWY_EXPORT(GatherMulSub);
 HWY_EXPORT(AddSlots);
 HWY_EXPORT(KeyWeights);
 HWY_EXPORT(GatherSub);
@@ -1701,17 +1675,12 @@ void code_accumulate(const std::uint8_t* codes, std::int64_t rows, std::int64_t 
   (codes, rows, row_bytes, bits, dim, a, nq, a_stride, acc, acc_stride, byte_scratch(bits, rows, dim));
 }
 
-void gather_mul_sub(const float* a, const float* b, const std::int32_t* idx, const float* x, std::int64_t n,
-                    float* out) {
-  HWY_DYNAMIC_DISPATCH(GatherMulSub)(a, b, idx, x, n, out);
-}
-
 void add_slots(const float* acc, const Slots& sl, float bias, float* out) {
   HWY_DYNAMIC_DISPATCH(AddSlots)(acc, sl.per, sl.run, bias, out);
 }
 void key_weights(const float* params, const float* q, std::int64_t nq, std::int64_t q_stride, float scale,
-                 const Slots& sl, float* qd, float* kmin, float* bias, float* qk, float* u, float* tmp) {
-  HWY_DYNAMIC_DISPATCH(KeyWeights)(params, q, nq, q_stride, scale, sl.per, sl.run, qd, kmin, bias, qk, u, tmp);
+                 const Slots& sl, float* qd, float* kmin, float* bias, float* tmp) {
+  HWY_DYNAMIC_DISPATCH(KeyWeights)(params, q, nq, q_stride, scale, sl.per, sl.run, qd, kmin, bias, tmp);
 }
 void gather_sub(const float* b, const std::int32_t* idx, const float* x, std::int64_t n, float* out) {
   HWY_DYNAMIC_DISPATCH(GatherSub)(b, idx, x, n, out);

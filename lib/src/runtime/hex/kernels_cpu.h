@@ -86,18 +86,13 @@ void group_axpy(const float* p, std::int64_t n, std::int64_t g, const float* x, 
 // key groups as floats, params[2c] = delta_c and params[2c + 1] = min_c for
 // c < sl.dim:
 //   qd[j * dim + sl.slot(c)] = scale * q_j[c] * delta_c   (the code weights)
-//   kmin[c] = min_c,  bias[j] = sum_c scale * q_j[c] * min_c,
-// and where qk is not null, qk[j * dim + c] = scale * q_j[c] and u[j * dim +
-// c] = qk[j * dim + c] * min_c (the expander corrections' terms). tmp holds
-// 2 * dim floats of scratch.
+//   kmin[c] = min_c,  bias[j] = sum_c scale * q_j[c] * min_c.
+// tmp holds 2 * dim floats of scratch.
 void key_weights(const float* params, const float* q, std::int64_t nq, std::int64_t q_stride, float scale,
-                 const Slots& sl, float* qd, float* kmin, float* bias, float* qk, float* u, float* tmp);
+                 const Slots& sl, float* qd, float* kmin, float* bias, float* tmp);
 // The value side of n quantized rows, params[2i] = delta_i and params[2i + 1]
 // = min_i: a[i] = p[i] * delta_i; returns sum_i p[i] * min_i.
 float value_weights(const float* params, const float* p, std::int64_t n, float* a);
-// out[i] = a[idx[i]] * x[i] - b[idx[i]] for i < n (idx in range of a and b).
-void gather_mul_sub(const float* a, const float* b, const std::int32_t* idx, const float* x, std::int64_t n,
-                    float* out);
 
 // Integer scores (the fixed-point decode path): weights of 14 bits, w =
 // 128 hi + lo with hi in [-64, 63] and lo in [0, 127] (two int8 limbs, so
