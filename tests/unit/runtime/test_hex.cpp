@@ -990,6 +990,68 @@ TEST(RuntimeHex, OneAtATimeVersusPrefix) {
   }
 }
 
+// The layer cache stores a head's blocks as two append-only streams (key side,
+// value side): views handed out stay valid and unchanged while the cache
+// grows past its first chunks, consecutive blocks follow one another in each
+// stream (what lets the prefetcher run ahead), and every array starts on a
+// 16-byte boundary.
+TEST(RuntimeHex, BlockStreamsGrowInPlace) {
+  std::mt19937_64 rng(0x4e580012);
+  const i64 H = 2, D = 64, B = 32, N = 60 * B + 5;  // ~1.2 KiB per block side: past the first 64 KiB chunk
+  const Seq s = make_seq(H, N, D, rng);
+  HexOptions base;
+  base.block = B;
+  base.recent_window = 4;
+  const HexOptions o = hex_method("hex3", base);
+  const auto mask = make_mask(B, D, 2, 5);
+  HexLayerCache c(H, D, o, mask);
+  append(c, s, 0, B + 1);
+  const auto first = c.blocks(1);
+  ASSERT_EQ(first.size(), 1u);
+  for (i64 t = B + 1; t < N; ++t) append(c, s, t, 1);
+  const auto all = c.blocks(1);
+  ASSERT_EQ(all.size(), static_cast<std::size_t>(N / B));
+  EXPECT_EQ(all[0].k_codes, first[0].k_codes);
+  EXPECT_EQ(all[0].v_params, first[0].v_params);
+  expect_same_block(all[0], first[0], "block 0 after growth");
+  const auto aligned = [](const void* p) { return reinterpret_cast<std::uintptr_t>(p) % 16 == 0; };
+  const auto end_of = [](const void* p, i64 bytes) { return static_cast<const char*>(p) + (bytes + 15) / 16 * 16; };
+  i64 followed_keys = 0, followed_values = 0;
+  for (std::size_t i = 0; i < all.size(); ++i) {
+    const HexBlockView& b = all[i];
+    const i64 nq = b.quant_rows(), d1 = b.mask_degree, kept = b.kept_rows;
+    for (const void* p : {static_cast<const void*>(b.k_params), static_cast<const void*>(b.k_codes),
+                          static_cast<const void*>(b.k_sparse), static_cast<const void*>(b.v_params),
+                          static_cast<const void*>(b.v_codes), static_cast<const void*>(b.v_sparse)})
+      EXPECT_TRUE(aligned(p)) << "block " << i;
+    // Key side in the order the score pass reads it, then the value side.
+    EXPECT_EQ(static_cast<const void*>(b.k_sparse), end_of(b.k_params, D * 4));
+    EXPECT_EQ(static_cast<const void*>(b.k_codes), end_of(b.k_sparse, nq * d1 * 2));
+    EXPECT_EQ(static_cast<const void*>(b.v_sparse), end_of(b.v_params, nq * 4));
+    if (i + 1 < all.size()) {
+      const char* key_end = kept > 0 ? end_of(b.kept_index, kept * 2) : end_of(b.k_codes, nq * b.row_bytes);
+      const char* value_end = end_of(b.v_codes, nq * b.row_bytes);
+      followed_keys += static_cast<const void*>(all[i + 1].k_params) == key_end ? 1 : 0;
+      followed_values += static_cast<const void*>(all[i + 1].v_params) == value_end ? 1 : 0;
+    }
+    std::vector<std::uint8_t> keep(static_cast<std::size_t>(B), 0);
+    for (const i64 t : kept_list(b)) keep[static_cast<std::size_t>(t)] = 1;
+    if (i + 1 == all.size() || i % 17 == 0) {
+      const i64 t0 = static_cast<i64>(i) * B;
+      const HexBlock want = hex_compress_block(s.kp(t0) + s.head_stride(), s.vp(t0) + s.head_stride(), B, D, s.stride,
+                                               keep.data(), mask, 3);
+      expect_same_block(b, want.view(), "block " + std::to_string(i));
+    }
+  }
+  // Blocks follow their predecessor except at chunk starts (a few: chunks
+  // double from 64 KiB), and the key stream, the larger, did cross one.
+  const auto pairs = static_cast<i64>(all.size()) - 1;
+  EXPECT_GE(followed_keys, pairs - 3);
+  EXPECT_GE(followed_values, pairs - 3);
+  EXPECT_LT(followed_keys, pairs);
+  check_cache_attention(c, s, H, rng, 1e-4);
+}
+
 TEST(RuntimeHex, HeavyHittersAreKept) {
   std::mt19937_64 rng(0x4e58000b);
   const i64 H = 2, D = 8, B = 16;

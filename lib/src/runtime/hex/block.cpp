@@ -132,22 +132,6 @@ using namespace detail;  // NOLINT(google-build-using-namespace): the kernels an
 
 // ---------------------------------------------------------------- blocks
 
-void detail::prefetch_block(const HexBlockView& b, bool keys) {
-  const auto ahead = [](const void* p, std::int64_t bytes) {
-    const auto* c = static_cast<const char*>(p);
-    for (std::int64_t o = 0; o < bytes; o += 64) __builtin_prefetch(c + o, 0, 3);
-  };
-  const std::int64_t d = b.head_dim, nqr = b.bits == 0 ? 0 : b.quant_rows();
-  constexpr std::int64_t kCodesAhead = 2048;  // the rest streams behind the kernel's own prefetch
-  ahead(keys ? b.k_kept : b.v_kept, std::int64_t{b.kept_rows} * d * 2);
-  if (b.bits == 0) return;
-  ahead(b.kept_index, std::int64_t{b.kept_rows} * 2);
-  ahead(keys ? b.k_codes : b.v_codes, std::min(kCodesAhead, nqr * b.row_bytes));
-  ahead(keys ? static_cast<const void*>(b.k_params) : b.v_params,
-        static_cast<std::int64_t>(sizeof(QuantParams)) * (keys ? d : nqr));
-  ahead(keys ? b.k_sparse : b.v_sparse, nqr * b.mask_degree * 2);
-}
-
 HexBlockView HexBlock::view() const {
   HexBlockView b;
   b.tokens = tokens;

@@ -20,12 +20,6 @@ bool finite_halves(const half_bits* x, std::int64_t n);
 // Row-wise softmax of `rows` rows of n scores (row j at s + j * stride), in place.
 void softmax_rows(float* s, std::int64_t rows, std::int64_t n, std::int64_t stride);
 
-// Requests a block's key (keys) or value data into the cache ahead of use:
-// kept rows, parameters, expander entries and the first rows of the codes
-// (each is its own allocation, which the hardware prefetcher does not
-// anticipate). No effect on results.
-void prefetch_block(const HexBlockView& b, bool keys);
-
 // The expander entries of the blocks of one head share one mask: entry e of
 // block token t sits in channel c(t, e) = mask_indices[t * d1 + e] in every
 // block. A decode over many blocks keeps what depends only on the mask and

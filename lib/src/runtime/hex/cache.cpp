@@ -4,8 +4,11 @@
 // loops in kernels_cpu.cpp.
 #include <algorithm>
 #include <cmath>
+#include <cstddef>
+#include <cstring>
 #include <exception>
 #include <limits>
+#include <memory>
 #include <numeric>
 #include <string>
 #include <vector>
@@ -74,6 +77,94 @@ void check_options(const HexOptions& o) {
 
 // ---------------------------------------------------------------- layer cache
 
+namespace {
+
+// The compressed blocks of one head as two streams: the key side of every
+// block (parameters, expander entries, codes, fp16 rows, kept indices) one
+// block after the other, in the order the score pass reads them, and the
+// value side likewise for the accumulation pass. A decode then reads two
+// sequential streams, which the hardware prefetcher follows; a HexBlock's
+// nine separate allocations made every block start with stalls. Chunks never
+// move, so the views stay valid as blocks are added.
+class BlockStore {
+ public:
+  // Room for `add` (may throw; leaves the views unchanged).
+  void reserve(const std::vector<HexBlock>& add) {
+    std::size_t key = 0, value = 0;
+    for (const HexBlock& b : add) {
+      key += key_bytes(b);
+      value += value_bytes(b);
+    }
+    keys_.reserve(key);
+    values_.reserve(value);
+    views_.reserve(views_.size() + add.size());
+  }
+  // Copies b in; after reserve() covering it, nothing here throws.
+  void push(const HexBlock& b) noexcept {
+    HexBlockView v = b.view();
+    v.k_params = keys_.copy(b.k_params);
+    v.k_sparse = keys_.copy(b.k_sparse);
+    v.k_codes = keys_.copy(b.k_codes);
+    v.k_kept = keys_.copy(b.k_kept);
+    v.kept_index = b.kept_index.empty() ? nullptr : keys_.copy(b.kept_index);
+    v.v_params = values_.copy(b.v_params);
+    v.v_sparse = values_.copy(b.v_sparse);
+    v.v_kept = values_.copy(b.v_kept);
+    v.v_codes = values_.copy(b.v_codes);
+    views_.push_back(v);
+  }
+  const std::vector<HexBlockView>& views() const { return views_; }
+
+ private:
+  static constexpr std::size_t kAlign = 16;  // each array starts on a vector boundary
+  static std::size_t padded(std::size_t bytes) { return (bytes + kAlign - 1) / kAlign * kAlign; }
+  template <class T>
+  static std::size_t size_of(const std::vector<T>& x) {
+    return padded(x.size() * sizeof(T));
+  }
+  static std::size_t key_bytes(const HexBlock& b) {
+    return size_of(b.k_params) + size_of(b.k_sparse) + size_of(b.k_codes) + size_of(b.k_kept) + size_of(b.kept_index);
+  }
+  static std::size_t value_bytes(const HexBlock& b) {
+    return size_of(b.v_params) + size_of(b.v_sparse) + size_of(b.v_kept) + size_of(b.v_codes);
+  }
+
+  // Append-only storage in chunks that grow geometrically (64 KiB .. 4 MiB,
+  // or one larger chunk for a large batch of blocks).
+  class Stream {
+   public:
+    void reserve(std::size_t bytes) {
+      if (bytes == 0 || (!chunks_.empty() && chunks_.back().size - chunks_.back().used >= bytes)) return;
+      std::size_t size = chunks_.empty() ? kMinChunk : std::min(2 * chunks_.back().size, kMaxChunk);
+      size = std::max(size, bytes);
+      Chunk c{std::make_unique_for_overwrite<std::byte[]>(size), size, 0};
+      if (chunks_.size() == chunks_.capacity()) chunks_.reserve(2 * chunks_.size() + 1);
+      chunks_.push_back(std::move(c));
+    }
+    template <class T>
+    const T* copy(const std::vector<T>& x) noexcept {
+      if (x.empty()) return nullptr;
+      Chunk& c = chunks_.back();
+      auto* at = c.data.get() + c.used;
+      std::memcpy(at, x.data(), x.size() * sizeof(T));
+      c.used += size_of(x);
+      return reinterpret_cast<const T*>(at);
+    }
+
+   private:
+    static constexpr std::size_t kMinChunk = std::size_t{64} << 10, kMaxChunk = std::size_t{4} << 20;
+    struct Chunk {
+      std::unique_ptr<std::byte[]> data;
+      std::size_t size = 0, used = 0;
+    };
+    std::vector<Chunk> chunks_;
+  };
+  Stream keys_, values_;
+  std::vector<HexBlockView> views_;
+};
+
+}  // namespace
+
 struct HexLayerCache::Impl {
   std::int64_t heads = 0, dim = 0;
   HexOptions opt;
@@ -82,7 +173,7 @@ struct HexLayerCache::Impl {
   std::int64_t compressed = 0;  // tokens in blocks
   std::vector<double> score;    // heavy-hitter scores by position
   struct Head {
-    std::vector<HexBlock> blocks;
+    BlockStore blocks;
     std::vector<half_bits> res_k, res_v;  // residual rows (and in full mode the source of every block before them)
   };
   std::vector<Head> head;
@@ -117,10 +208,10 @@ struct HexLayerCache::Impl {
     return compress_checked_block(k, v, opt.block, dim, dim, keep.data(), opt.expander ? mask : nullptr, opt.bits);
   }
 
-  // Compresses the full blocks waiting in the residual buffers.
   // Compresses the full blocks waiting in the residual buffers. Strong
-  // guarantee: the new blocks are built aside and committed with operations
-  // that cannot throw, so a failure (bad_alloc) leaves the cache as it was.
+  // guarantee: the new blocks are built, and room for them made, before a
+  // commit of operations that cannot throw, so a failure (bad_alloc) leaves
+  // the cache as it was.
   void flush() {
     const std::int64_t n = opt.block;
     const std::int64_t waiting = tokens - compressed;
@@ -133,11 +224,11 @@ struct HexLayerCache::Impl {
         const auto keep = keep_rows(compressed + b * n);
         for (std::size_t h = 0; h < H; ++h) built[h].push_back(compress(head[h], keep, b * n));
       }
-      for (std::size_t h = 0; h < H; ++h) head[h].blocks.reserve(head[h].blocks.size() + built[h].size());
+      for (std::size_t h = 0; h < H; ++h) head[h].blocks.reserve(built[h]);
       // Commit: nothing below throws.
       for (std::size_t h = 0; h < H; ++h) {
         Head& hd = head[h];
-        for (HexBlock& blk : built[h]) hd.blocks.push_back(std::move(blk));
+        for (const HexBlock& blk : built[h]) hd.blocks.push(blk);
         hd.res_k.erase(hd.res_k.begin(), hd.res_k.begin() + new_blocks * n * dim);
         hd.res_v.erase(hd.res_v.begin(), hd.res_v.begin() + new_blocks * n * dim);
       }
@@ -150,7 +241,12 @@ struct HexLayerCache::Impl {
       const auto keep = keep_rows(b * n);
       for (std::size_t h = 0; h < H; ++h) built[h].push_back(compress(head[h], keep, b * n));
     }
-    for (std::size_t h = 0; h < H; ++h) head[h].blocks.swap(built[h]);
+    std::vector<BlockStore> fresh(H);
+    for (std::size_t h = 0; h < H; ++h) {
+      fresh[h].reserve(built[h]);
+      for (const HexBlock& blk : built[h]) fresh[h].push(blk);
+    }
+    for (std::size_t h = 0; h < H; ++h) std::swap(head[h].blocks, fresh[h]);
     compressed += new_blocks * n;
   }
 
@@ -267,14 +363,14 @@ void HexLayerCache::attend_head(const Impl& m, std::int64_t h, const float* q, s
       local.resize(static_cast<std::size_t>(group * S));
       p = local.data();
     }
-    // The next block's data is requested while this one is decoded.
-    const std::size_t nb = hd.blocks.size();
+    // Each pass reads one of the head's two block streams front to back.
+    const std::vector<HexBlockView>& blocks = hd.blocks.views();
+    const std::size_t nb = blocks.size();
     std::int64_t pos = 0;
     KeyEntries ke;  // the mask's entries, shared by the blocks
     ValueEntries ve;
     for (std::size_t i = 0; i < nb; ++i) {
-      const HexBlockView v = hd.blocks[i].view();
-      if (i + 1 < nb) prefetch_block(hd.blocks[i + 1].view(), true);
+      const HexBlockView& v = blocks[i];
       block_scores(v, qh, group, d, scale, p + pos, S, m.opt.dot, ke);
       pos += v.tokens;
     }
@@ -284,8 +380,7 @@ void HexLayerCache::attend_head(const Impl& m, std::int64_t h, const float* q, s
     for (std::int64_t j = 0; j < group; ++j) std::fill(oh + j * d, oh + (j + 1) * d, 0.0f);
     pos = 0;
     for (std::size_t i = 0; i < nb; ++i) {
-      const HexBlockView v = hd.blocks[i].view();
-      if (i + 1 < nb) prefetch_block(hd.blocks[i + 1].view(), false);
+      const HexBlockView& v = blocks[i];
       block_accumulate(v, p + pos, group, S, oh, d, m.opt.dot, ve);
       pos += v.tokens;
     }
@@ -299,7 +394,7 @@ std::int64_t HexLayerCache::compressed_tokens() const { return impl_->compressed
 std::int64_t HexLayerCache::bytes() const {
   std::int64_t total = 0;
   for (const auto& hd : impl_->head)
-    for (const HexBlock& b : hd.blocks) total += b.bytes();
+    for (const HexBlockView& b : hd.blocks.views()) total += hex_block_bytes(b);
   total += (impl_->tokens - impl_->compressed) * impl_->dim * 2 * 2 * impl_->heads;
   return total;
 }
@@ -307,9 +402,7 @@ std::int64_t HexLayerCache::fp16_bytes() const { return impl_->tokens * impl_->d
 const HexOptions& HexLayerCache::options() const { return impl_->opt; }
 std::vector<HexBlockView> HexLayerCache::blocks(std::int64_t head) const {
   require(head >= 0 && head < impl_->heads, "head index out of range");
-  std::vector<HexBlockView> out;
-  for (const HexBlock& b : impl_->head[static_cast<std::size_t>(head)].blocks) out.push_back(b.view());
-  return out;
+  return impl_->head[static_cast<std::size_t>(head)].blocks.views();
 }
 
 // ---------------------------------------------------------------- H2O eviction
