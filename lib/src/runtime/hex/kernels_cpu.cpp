@@ -372,7 +372,7 @@ constexpr int kAccVectors = (HWY_ARCH_X86 && HWY_TARGET > HWY_AVX3) ? 8 : 16;
 #endif
 
 template <int... kI, class F>
-HWY_INLINE void UnrollSeq(std::integer_sequence<int, kI...>, F f) {
+HWY_INLINE void UnrollSeq(std::integer_sequence<int, kI...>, [[maybe_unused]] F f) {  // unused when kN == 0
   (f(std::integral_constant<int, kI>()), ...);
 }
 // f(std::integral_constant<int, i>()) for i = 0 .. kN - 1.
