@@ -19,7 +19,9 @@ packages=(build-essential cmake ninja-build pkg-config
           # the MPI build and its tests
           libopenmpi-dev openmpi-bin
           # compiler cache for scripts/build.sh
-          ccache)
+          ccache
+          # scripts/test.sh: the SIMD kernels under memcheck
+          valgrind)
 
 # Python packages for the scripts and their tests (NumPy, h5py, matplotlib),
 # installed for the interpreter the build uses (PYTHON, default python3).
