@@ -279,51 +279,54 @@ TEST(HexKernels, HalfRowsAndDenseLoopsMatchReference) {
   on_every_target([] {
     std::mt19937_64 rng(0x68616c66);
     std::normal_distribution<float> g(0.0f, 1.0f);
-    for (const i64 dim : {1, 5, 16, 31, 128, 133})
-      for (const i64 nq : {1, 4}) {
-        SCOPED_TRACE("dim " + std::to_string(dim) + " nq " + std::to_string(nq));
-        const i64 rows = 9, ks = dim + 1;
-        std::vector<std::uint16_t> k(static_cast<std::size_t>(rows * ks));
-        for (auto& h : k) h = fp16::from_float(g(rng));
-        std::vector<float> q(static_cast<std::size_t>(nq * dim)), out(static_cast<std::size_t>(nq * rows));
-        for (auto& x : q) x = g(rng);
-        half_scores(q.data(), nq, dim, k.data(), rows, dim, ks, 0.5f, out.data(), rows);
-        std::vector<float> acc(static_cast<std::size_t>(nq * dim), 1.0f);
-        half_accumulate(out.data(), nq, rows, k.data(), rows, dim, ks, acc.data(), dim);
-        for (i64 j = 0; j < nq; ++j) {
-          std::vector<double> sj(static_cast<std::size_t>(rows));
-          for (i64 t = 0; t < rows; ++t) {
-            double s = 0, mag = 0;
-            for (i64 c = 0; c < dim; ++c) {
-              const double term =
-                  q[static_cast<std::size_t>(j * dim + c)] * ref_half(k[static_cast<std::size_t>(t * ks + c)]);
-              s += term, mag += std::fabs(term);
-            }
-            sj[static_cast<std::size_t>(t)] = 0.5 * s;
-            ASSERT_NEAR(out[static_cast<std::size_t>(j * rows + t)], 0.5 * s, 1e-5 * mag + 1e-6);
-          }
-          for (i64 c = 0; c < dim; ++c) {
-            double s = 1, mag = 1;
+    // Query counts that split into groups of 4 with different rows per step,
+    // row counts with remainders after those steps, widths with tails.
+    for (const i64 dim : {1, 5, 16, 31, 128, 133, 200})
+      for (const i64 nq : {1, 3, 4, 5})
+        for (const i64 rows : {9, 33}) {
+          SCOPED_TRACE("dim " + std::to_string(dim) + " nq " + std::to_string(nq) + " rows " + std::to_string(rows));
+          const i64 ks = dim + 1;
+          std::vector<std::uint16_t> k(static_cast<std::size_t>(rows * ks));
+          for (auto& h : k) h = fp16::from_float(g(rng));
+          std::vector<float> q(static_cast<std::size_t>(nq * dim)), out(static_cast<std::size_t>(nq * rows));
+          for (auto& x : q) x = g(rng);
+          half_scores(q.data(), nq, dim, k.data(), rows, dim, ks, 0.5f, out.data(), rows);
+          std::vector<float> acc(static_cast<std::size_t>(nq * dim), 1.0f);
+          half_accumulate(out.data(), nq, rows, k.data(), rows, dim, ks, acc.data(), dim);
+          for (i64 j = 0; j < nq; ++j) {
+            std::vector<double> sj(static_cast<std::size_t>(rows));
             for (i64 t = 0; t < rows; ++t) {
-              const double term = static_cast<double>(out[static_cast<std::size_t>(j * rows + t)]) *
-                                  ref_half(k[static_cast<std::size_t>(t * ks + c)]);
-              s += term, mag += std::fabs(term);
+              double s = 0, mag = 0;
+              for (i64 c = 0; c < dim; ++c) {
+                const double term =
+                    q[static_cast<std::size_t>(j * dim + c)] * ref_half(k[static_cast<std::size_t>(t * ks + c)]);
+                s += term, mag += std::fabs(term);
+              }
+              sj[static_cast<std::size_t>(t)] = 0.5 * s;
+              ASSERT_NEAR(out[static_cast<std::size_t>(j * rows + t)], 0.5 * s, 1e-5 * mag + 1e-6);
             }
-            ASSERT_NEAR(acc[static_cast<std::size_t>(j * dim + c)], s, 1e-5 * mag);
+            for (i64 c = 0; c < dim; ++c) {
+              double s = 1, mag = 1;
+              for (i64 t = 0; t < rows; ++t) {
+                const double term = static_cast<double>(out[static_cast<std::size_t>(j * rows + t)]) *
+                                    ref_half(k[static_cast<std::size_t>(t * ks + c)]);
+                s += term, mag += std::fabs(term);
+              }
+              ASSERT_NEAR(acc[static_cast<std::size_t>(j * dim + c)], s, 1e-5 * mag);
+            }
           }
+          // dot and axpy
+          std::vector<float> x(static_cast<std::size_t>(dim)), y(x.size());
+          for (auto& v : x) v = g(rng);
+          for (auto& v : y) v = g(rng);
+          double d = 0, mag = 0;
+          for (i64 i = 0; i < dim; ++i) d += static_cast<double>(x[i]) * y[i], mag += std::fabs(x[i] * y[i]);
+          ASSERT_NEAR(dot(x.data(), y.data(), dim), d, 1e-6 * mag + 1e-7);
+          const auto y0 = y;
+          axpy(-1.5f, x.data(), y.data(), dim);
+          for (i64 i = 0; i < dim; ++i)  // fused or not: one or two roundings
+            ASSERT_NEAR(y[i], y0[i] - 1.5 * x[i], 1e-6 * (std::fabs(y0[i]) + 1.5 * std::fabs(x[i])));
         }
-        // dot and axpy
-        std::vector<float> x(static_cast<std::size_t>(dim)), y(x.size());
-        for (auto& v : x) v = g(rng);
-        for (auto& v : y) v = g(rng);
-        double d = 0, mag = 0;
-        for (i64 i = 0; i < dim; ++i) d += static_cast<double>(x[i]) * y[i], mag += std::fabs(x[i] * y[i]);
-        ASSERT_NEAR(dot(x.data(), y.data(), dim), d, 1e-6 * mag + 1e-7);
-        const auto y0 = y;
-        axpy(-1.5f, x.data(), y.data(), dim);
-        for (i64 i = 0; i < dim; ++i)  // fused or not: one or two roundings
-          ASSERT_NEAR(y[i], y0[i] - 1.5 * x[i], 1e-6 * (std::fabs(y0[i]) + 1.5 * std::fabs(x[i])));
-      }
   });
 }
 

@@ -115,16 +115,21 @@ HWY_INLINE void RowToFloats(const half_bits* row, std::int64_t dim, float* out) 
   for (; i < dim; ++i) out[i] = half_to_float(row[i]);
 }
 
-void HalfScores(const float* q, std::int64_t nq, std::int64_t q_stride, const half_bits* k, std::int64_t rows,
-                std::int64_t dim, std::int64_t k_stride, float scale, float* out, std::int64_t out_stride, float* row) {
+// fp16 scores a row at a time: the row widened into `row`, then one dot
+// product per query (the rows HalfScores leaves to it).
+void HalfScoresByRow(const float* q, std::int64_t nq, std::int64_t q_stride, const half_bits* k, std::int64_t rows,
+                     std::int64_t dim, std::int64_t k_stride, float scale, float* out, std::int64_t out_stride,
+                     float* row) {
   for (std::int64_t t = 0; t < rows; ++t) {
     RowToFloats(k + t * k_stride, dim, row);
     for (std::int64_t j = 0; j < nq; ++j) out[j * out_stride + t] = scale * DotF(q + j * q_stride, row, dim);
   }
 }
 
-void HalfAccumulate(const float* p, std::int64_t nq, std::int64_t p_stride, const half_bits* v, std::int64_t rows,
-                    std::int64_t dim, std::int64_t v_stride, float* out, std::int64_t out_stride, float* row) {
+// fp16 accumulation a row at a time: the row widened into `row`, then one
+// axpy per query (what HalfAccumulate does without the row-wise kernel).
+void HalfAccumulateByRow(const float* p, std::int64_t nq, std::int64_t p_stride, const half_bits* v, std::int64_t rows,
+                         std::int64_t dim, std::int64_t v_stride, float* out, std::int64_t out_stride, float* row) {
   for (std::int64_t t = 0; t < rows; ++t) {
     RowToFloats(v + t * v_stride, dim, row);
     for (std::int64_t j = 0; j < nq; ++j) AxpyF(p[j * p_stride + t], row, out + j * out_stride, dim);
@@ -850,6 +855,113 @@ HWY_INLINE void ForCodeLayout(const std::uint8_t* codes, std::int64_t rows, std:
   }
   const int per = static_cast<int>(sl.per);
   InGroupsOf4(nq, [&](auto kq, std::int64_t j) { split(kq, per, codes, row_bytes, sl.run, j); });
+}
+
+#if !HWY_HAVE_SCALABLE && HWY_TARGET != HWY_SCALAR && KVCAL_ROW_KERNELS
+// fp16 rows for ScoresRows: one phase, a row's halves widened in registers.
+template <class D>
+struct HalfReader {
+  static constexpr int kPhases = 1;
+  const half_bits* rows;
+  std::int64_t stride;  // in halves
+  HWY_INLINE const std::uint8_t* Row(std::int64_t r) const {
+    return reinterpret_cast<const std::uint8_t*>(rows + r * stride);
+  }
+  HWY_INLINE const std::uint8_t* ScalarRow(std::int64_t r) const { return Row(r); }
+  HWY_INLINE void Unpack(D d, const std::uint8_t* row, std::int64_t i, hn::Vec<D>* c) const {
+    const hn::Rebind<hwy::float16_t, D> dh;
+    c[0] = hn::PromoteTo(d, hn::LoadU(dh, reinterpret_cast<const hwy::float16_t*>(row) + i));
+  }
+  HWY_INLINE float Scalar(const std::uint8_t* row, std::int64_t i, int /*phase*/) const {
+    return half_to_float(reinterpret_cast<const half_bits*>(row)[i]);
+  }
+};
+#endif
+
+#if !HWY_HAVE_SCALABLE && HWY_TARGET != HWY_SCALAR && KVCAL_ROW_KERNELS
+// fp16 accumulation with the rows in order and kQ * kC output vectors in
+// registers (as AccumulateRows for codes): channels [i0, end) in steps of
+// kC vectors, each row's halves widened in registers. Returns the channel it
+// stopped at.
+template <int kQ, int kC>
+KVCAL_FLATTEN std::int64_t HalfAccumulateRows(const float* p, std::int64_t p_stride, const half_bits* v,
+                                              std::int64_t rows, std::int64_t v_stride, std::int64_t i0,
+                                              std::int64_t end, float* out, std::int64_t out_stride) {
+  const DF df;
+  const DH dh;
+  const auto N = static_cast<std::int64_t>(hn::Lanes(df));
+  constexpr int kA = kQ * kC;
+  std::int64_t i = i0;
+  for (; i + kC * N <= end; i += kC * N) {
+    hn::Vec<DF> s[kA];  // s[j * kC + c]: query j, vector c
+    Unroll<kA>([&](auto x) KVCAL_INLINE_LAMBDA { s[x] = hn::LoadU(df, out + x / kC * out_stride + i + x % kC * N); });
+    for (std::int64_t r = 0; r < rows; ++r) {
+      const auto* row = reinterpret_cast<const hwy::float16_t*>(v + r * v_stride + i);
+      __builtin_prefetch(v + (r + kPrefetchRows) * v_stride + i, 0, 3);  // past the end is harmless
+      Unroll<kC>([&](auto c) KVCAL_INLINE_LAMBDA {
+        const auto x = hn::PromoteTo(df, hn::LoadU(dh, row + c * N));
+        Unroll<kQ>([&](auto j) KVCAL_INLINE_LAMBDA {
+          constexpr int kB = decltype(j)::value * kC + decltype(c)::value;
+          s[kB] = hn::MulAdd(hn::Set(df, p[j * p_stride + r]), x, s[kB]);
+        });
+      });
+    }
+    Unroll<kA>([&](auto x) KVCAL_INLINE_LAMBDA { hn::StoreU(s[x], df, out + x / kC * out_stride + i + x % kC * N); });
+  }
+  return i;
+}
+#endif
+
+// fp16 accumulation: with hardware conversions, the row-wise kernel over
+// the whole vectors of channels, the channels left over scalar; otherwise a
+// row at a time.
+void HalfAccumulate(const float* p, std::int64_t nq, std::int64_t p_stride, const half_bits* v, std::int64_t rows,
+                    std::int64_t dim, std::int64_t v_stride, float* out, std::int64_t out_stride, float* row) {
+#if !HWY_HAVE_SCALABLE && HWY_TARGET != HWY_SCALAR && KVCAL_ROW_KERNELS
+  if constexpr (kHardwareHalf) {
+    InGroupsOf4(nq, [&](auto kq, std::int64_t j) {
+      constexpr int kQ = decltype(kq)::value;
+      constexpr int kC = std::clamp(kAccVectors / kQ, 1, 4);
+      const float* pj = p + j * p_stride;
+      float* oj = out + j * out_stride;
+      std::int64_t i = HalfAccumulateRows<kQ, kC>(pj, p_stride, v, rows, v_stride, 0, dim, oj, out_stride);
+      i = HalfAccumulateRows<kQ, 1>(pj, p_stride, v, rows, v_stride, i, dim, oj, out_stride);
+      for (std::int64_t r = 0; r < rows; ++r)
+        for (int q = 0; q < kQ; ++q)
+          for (std::int64_t c = i; c < dim; ++c)
+            oj[q * out_stride + c] += pj[q * p_stride + r] * half_to_float(v[r * v_stride + c]);
+    });
+    return;
+  }
+#endif
+  HalfAccumulateByRow(p, nq, p_stride, v, rows, dim, v_stride, out, out_stride, row);
+}
+
+// fp16 scores: with hardware conversions, rows through the row-unrolled
+// kernel (independent sums per row and query, no widened copy of the row),
+// scaled afterwards; the rest a row at a time.
+void HalfScores(const float* q, std::int64_t nq, std::int64_t q_stride, const half_bits* k, std::int64_t rows,
+                std::int64_t dim, std::int64_t k_stride, float scale, float* out, std::int64_t out_stride, float* row) {
+  std::int64_t done = 0;
+#if !HWY_HAVE_SCALABLE && HWY_TARGET != HWY_SCALAR && KVCAL_ROW_KERNELS
+  if constexpr (kHardwareHalf) {
+    const DF df;
+    const auto N = static_cast<std::int64_t>(hn::Lanes(df));
+    const std::int64_t vec = dim / N * N;
+    if (vec > 0) {
+      done = rows;
+      InGroupsOf4(nq, [&](auto kq, std::int64_t j) {
+        constexpr int kQ = decltype(kq)::value;
+        done = std::min(done, ScoresRows<ScoreRowsPerStep<kQ, 1>(), kQ>(df, HalfReader<DF>{k, k_stride}, rows, dim, vec,
+                                                                        q + j * q_stride, q_stride,
+                                                                        out + j * out_stride, out_stride));
+      });
+      for (std::int64_t j = 0; j < nq; ++j)
+        for (std::int64_t t = 0; t < done; ++t) out[j * out_stride + t] *= scale;
+    }
+  }
+#endif
+  HalfScoresByRow(q, nq, q_stride, k + done * k_stride, rows - done, dim, k_stride, scale, out + done, out_stride, row);
 }
 
 void CodeScores(const std::uint8_t* codes, std::int64_t rows, std::int64_t row_bytes, int bits, std::int64_t dim,
