@@ -31,7 +31,7 @@ constexpr const char* kFooter = R"(Examples:
   kvcal eval-fidelity --dump data/smollm2_long.h5 --out fidelity.csv
   kvcal eval-fidelity --dump data/smollm2_long.h5 --bundle model.kvcal.h5 --methods kcvt4,h2o4,hex4 --mode full
   kvcal eval-fidelity --dump data/smollm2_attention.h5 --block 32 --methods fp16,kcvt2,hex2
-  kvcal eval-fidelity --dump data/smollm2_long.h5 --methods hex4,hex4@int14,kcvt2,kcvt2@int14
+  kvcal eval-fidelity --dump data/smollm2_long.h5 --methods hex4,hex4@int14,hex4@int8,kcvt2,kcvt2@int8
 
 Methods (the HEX ablation rows, bits B in 2, 3, 4):
   fp16        no compression (the reference: 100%, zero error)
@@ -43,6 +43,8 @@ Methods (the HEX ablation rows, bits B in 2, 3, 4):
               the query's and the attention weights rounded to 14 bits and
               multiplied with the codes on integer units (e.g. hex4@int14;
               the same compressed bytes, a bounded extra error)
+  NAME@int8   the same with 8-bit weights: one byte product per code, about
+              64 times the error bound of @int14 (e.g. kcvt4@int8)
   h2o-evict   original H2O: keep --h2o-budget of the tokens (half recent, half
               heavy hitters, per KV head) in fp16, evict the rest
   chess-conservative|chess-moderate|chess-aggressive

@@ -58,14 +58,15 @@ from ._core import (  # noqa: F401
 )
 
 HEX_METHODS = ("fp16",) + tuple(f"{p}{b}" for p in ("kcvt", "h2o", "expander", "hex") for b in (2, 3, 4))
-"""Method names HexLayerCache accepts (``h2o-evict`` is H2OEvictCache); any but ``fp16`` may end in ``@int14``."""
+"""Method names HexLayerCache accepts (``h2o-evict`` is H2OEvictCache); any but ``fp16`` may end in ``@int14`` or ``@int8``."""
 
-HEX_DOTS = ("float32", "int14")
-"""Suffixes of a quantizing method: ``@int14`` decodes with 14-bit integer dot products (``HexDot::int14``)."""
+HEX_DOTS = ("float32", "int14", "int8")
+"""Suffixes of a quantizing method: ``@int14`` and ``@int8`` decode with 14-bit and 8-bit integer dot products
+(``HexDot::int14``, ``HexDot::int8``)."""
 
 
 def is_hex_method(name: str) -> bool:
-    """Whether :class:`HexLayerCache` accepts ``name``: one of :data:`HEX_METHODS`, optionally ``@int14``/``@float32``
+    """Whether :class:`HexLayerCache` accepts ``name``: one of :data:`HEX_METHODS`, optionally ``@int14``/``@int8``/``@float32``
     after any but ``fp16``."""
     base, at, dot = name.partition("@")
     return base in HEX_METHODS and (not at or (base != "fp16" and dot in HEX_DOTS))

@@ -195,7 +195,7 @@ def parse_methods(spec: str) -> list[str]:
                             "measure it on recorded attention with kvcal eval-fidelity (--fidelity-csv)")
         if m not in known and not kvcal.is_hex_method(m):
             raise EvalError(f"unknown method '{m}': use {', '.join(sorted(known))} "
-                            "(a quantizing HEX method may end in @int14)")
+                            "(a quantizing HEX method may end in @int14 or @int8)")
     if len(set(methods)) != len(methods):
         raise EvalError(f"--methods names a method twice: {spec}")
     if any(m.startswith("quanto") for m in methods):

@@ -252,7 +252,8 @@ class KvcalCache(Cache):
     Args:
         config: the model's config (``model.config``); its ``_attn_implementation`` is set to ``"kvcal"``.
         method: ``fp16``, ``kcvt2|3|4``, ``h2o2|3|4``, ``expander2|3|4``, ``hex2|3|4`` or ``h2o-evict``; a
-            quantizing method may end in ``@int14`` (decode with 14-bit integer dot products, e.g. ``hex4@int14``).
+            quantizing method may end in ``@int14`` or ``@int8`` (decode with 14- or 8-bit integer dot products,
+            e.g. ``hex4@int14``).
         bundle: a kvcal bundle (path or :class:`kvcal.Bundle`) to take the expander mask from.
         mask_cache: a :class:`kvcal.MaskCache` to take masks from (default: a new one, with the bundle attached).
         block, hh_ratio, recent_window, sparsity, mode: the HEX options (:class:`kvcal.HexLayerCache`).
@@ -269,7 +270,7 @@ class KvcalCache(Cache):
             )
         if method != "h2o-evict" and not kvcal.is_hex_method(method):
             raise ValueError(f"unknown method '{method}': use one of {', '.join(kvcal.HEX_METHODS)}, h2o-evict "
-                             "(any but fp16 and h2o-evict may end in @int14)")
+                             "(any but fp16 and h2o-evict may end in @int14 or @int8)")
         text = config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config
         layer_types = getattr(text, "layer_types", None)
         if layer_types and any(t != "full_attention" for t in layer_types):

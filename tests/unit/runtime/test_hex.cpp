@@ -461,10 +461,11 @@ TEST(RuntimeHex, CompressBlockRejectsBadInput) {
 
 // Decode of one block against the dense double reference, on the SIMD target
 // the runtime dispatches to now.
-// With dot == int14 the tolerances add the documented fixed-point bounds
+// With an integer dot the tolerances add the documented fixed-point bounds
 // (hex.h): per score (s/2) (2^b - 1) D with s = max_c |scale q_c delta_c| /
-// 8191, per output channel (s'/2) (2^b - 1) (quantized tokens) with s' =
-// max_t p_t delta_t / 8191 -- computed here from the block's parameters.
+// L, per output channel (s'/2) (2^b - 1) (quantized tokens) with s' =
+// max_t p_t delta_t / L, L = 8191 (int14) or 127 (int8) -- computed here
+// from the block's parameters.
 void check_block_decode(HexDot dot = HexDot::float32) {
   std::mt19937_64 rng(0x4e580005);
   const i64 T = 20;
@@ -507,7 +508,8 @@ void check_block_decode(HexDot dot = HexDot::float32) {
             const float scale = 1.0f / std::sqrt(static_cast<float>(D));
             std::vector<float> scores(static_cast<std::size_t>(nq * ss), 1234.5f);
             hex_block_scores(b, q.data(), nq, qs, scale, scores.data(), ss, dot);
-            const bool fixed = dot == HexDot::int14 && bits > 0 && b.quant_rows() > 0;
+            const bool fixed = dot != HexDot::float32 && bits > 0 && b.quant_rows() > 0;
+            const double levels = dot == HexDot::int8 ? 127 : 8191;
             const double top = bits > 0 ? (1 << bits) - 1 : 0;
             for (i64 j = 0; j < nq; ++j) {
               double qnorm1 = 0, wmax = 0;
@@ -516,7 +518,7 @@ void check_block_decode(HexDot dot = HexDot::float32) {
                 for (i64 c = 0; c < D; ++c)
                   wmax = std::max(wmax, std::fabs(static_cast<double>(scale) * q[static_cast<std::size_t>(j * qs + c)] *
                                                   hv(b.k_params[c].delta)));
-              const double fixed_tol = fixed ? 1.0001 * wmax / 8191 / 2 * top * static_cast<double>(D) : 0.0;
+              const double fixed_tol = fixed ? 1.0001 * wmax / levels / 2 * top * static_cast<double>(D) : 0.0;
               for (i64 t = 0; t < T; ++t) {
                 double s = 0;
                 for (i64 c = 0; c < D; ++c)
@@ -552,7 +554,7 @@ void check_block_decode(HexDot dot = HexDot::float32) {
                 }
               }
               const double fixed_vtol =
-                  fixed ? 1.0001 * amax / 8191 / 2 * top * static_cast<double>(b.quant_rows()) : 0.0;
+                  fixed ? 1.0001 * amax / levels / 2 * top * static_cast<double>(b.quant_rows()) : 0.0;
               for (i64 c = 0; c < D; ++c) {
                 double r = out0[static_cast<std::size_t>(j * os + c)];
                 for (i64 t = 0; t < T; ++t)
@@ -569,6 +571,7 @@ void check_block_decode(HexDot dot = HexDot::float32) {
 
 TEST(RuntimeHex, BlockScoresAndAccumulateMatchDense) { check_block_decode(); }
 TEST(RuntimeHex, BlockDecodeInt14WithinItsBound) { check_block_decode(HexDot::int14); }
+TEST(RuntimeHex, BlockDecodeInt8WithinItsBound) { check_block_decode(HexDot::int8); }
 
 // Every SIMD target compiled in and supported by this CPU, forced in turn.
 TEST(RuntimeHex, BlockDecodeOnEverySimdTarget) {
@@ -580,6 +583,7 @@ TEST(RuntimeHex, BlockDecodeOnEverySimdTarget) {
     EXPECT_EQ(simd_target(), hwy::TargetName(target));  // the runtime really dispatches there
     check_block_decode();
     check_block_decode(HexDot::int14);
+    check_block_decode(HexDot::int8);
   }
   hwy::SetSupportedTargetsForTest(0);  // back to the host's best
   EXPECT_EQ(simd_target(), hwy::TargetName(targets.front()));
@@ -1572,7 +1576,12 @@ TEST(RuntimeHex, MethodNamesTakeADotSuffix) {
   base.dot = HexDot::int14;
   EXPECT_EQ(hex_method("h2o3@float32", base).dot, HexDot::float32);
   EXPECT_EQ(hex_method("h2o3", base).dot, HexDot::int14);  // no suffix: base's
-  for (const char* bad : {"hex4@int8", "hex4@", "fp16@int14", "hex5@int14", "@int14", "hex4@int14@int14"}) {
+  const HexOptions k8 = hex_method("kcvt4@int8", base);
+  EXPECT_EQ(k8.dot, HexDot::int8);
+  EXPECT_EQ(k8.bits, 4);
+  EXPECT_FALSE(k8.expander || k8.heavy_hitters);
+  for (const char* bad :
+       {"hex4@int4", "hex4@", "fp16@int14", "fp16@int8", "hex5@int14", "@int14", "hex4@int14@int14"}) {
     try {
       (void)hex_method(bad, base);
       ADD_FAILURE() << bad << " was accepted";

@@ -330,62 +330,83 @@ TEST(HexKernels, HalfRowsAndDenseLoopsMatchReference) {
   });
 }
 
-// The int14 kernels are exact: every target must give the reference's int32
-// sums bit for bit, and the reference must equal the float reference fed
-// the same integer weights (a check of its slot mapping).
+// The integer kernels are exact: every target must give the reference's
+// int32 sums bit for bit, with one limb (int8) and two (int14), and the
+// reference must equal the float reference fed the same integer weights (a
+// check of its slot mapping and of the limbs' meaning).
 TEST(HexKernels, IntegerCodeKernelsEqualReferenceExactly) {
   on_every_target([] {
     std::mt19937_64 rng(0x696e7431);
-    std::uniform_int_distribution<int> byte(0, 255), hi(-64, 63), lo(0, 127);
-    for (const i64 dim : {16, 32, 64, 96, 128, 192, 256, 12, 130})
-      for (const int bits : {2, 4})
-        for (const i64 nq : {1, 2, 3, 4, 5})
-          for (const i64 rows : {1, 3, 4, 5, 7, 33, 96}) {
-            SCOPED_TRACE("dim " + std::to_string(dim) + " bits " + std::to_string(bits) + " nq " + std::to_string(nq) +
-                         " rows " + std::to_string(rows));
-            const i64 rb = (dim * bits + 7) / 8 + (rows % 2);  // padded rows for odd row counts
-            std::vector<std::uint8_t> codes(static_cast<std::size_t>(rows * rb));
-            for (auto& c : codes) c = static_cast<std::uint8_t>(byte(rng));
-            // Scores: weights per query [hi dim][lo dim], extreme limbs included.
-            const i64 ws = 2 * dim + 3;
-            std::vector<std::int8_t> w(static_cast<std::size_t>(nq * ws));
-            for (i64 j = 0; j < nq; ++j)
-              for (i64 c = 0; c < dim; ++c) {
-                const bool edge = (c + j) % 17 == 0;
-                w[static_cast<std::size_t>(j * ws + c)] = static_cast<std::int8_t>(edge ? (c % 2 ? 63 : -64) : hi(rng));
-                w[static_cast<std::size_t>(j * ws + dim + c)] = static_cast<std::int8_t>(edge ? 127 : lo(rng));
-              }
-            const i64 os = rows + 2;
-            std::vector<std::int32_t> out(static_cast<std::size_t>(nq * os), -7), ref(out);
-            code_scores_int(codes.data(), rows, rb, bits, dim, w.data(), nq, ws, out.data(), os);
-            code_scores_int_reference(codes.data(), rows, rb, bits, dim, w.data(), nq, ws, ref.data(), os);
-            ASSERT_EQ(out, ref);
-            std::vector<float> wf(static_cast<std::size_t>(nq * dim));
-            for (i64 j = 0; j < nq; ++j)
-              for (i64 c = 0; c < dim; ++c)
-                wf[static_cast<std::size_t>(j * dim + c)] = static_cast<float>(
-                    128 * w[static_cast<std::size_t>(j * ws + c)] + w[static_cast<std::size_t>(j * ws + dim + c)]);
-            std::vector<float> fref(static_cast<std::size_t>(nq * os));
-            code_scores_reference(codes.data(), rows, rb, bits, dim, wf.data(), nq, dim, fref.data(), os);
-            for (i64 j = 0; j < nq; ++j)
-              for (i64 r = 0; r < rows; ++r)
-                ASSERT_EQ(static_cast<float>(ref[static_cast<std::size_t>(j * os + r)]),
-                          fref[static_cast<std::size_t>(j * os + r)]);
-            // Accumulation: weights per query [hi rows][lo rows], acc starts non-zero.
-            const i64 as = 2 * rows + 1, cs = dim + 5;
-            std::vector<std::int8_t> a(static_cast<std::size_t>(nq * as));
-            for (i64 j = 0; j < nq; ++j)
-              for (i64 r = 0; r < rows; ++r) {
-                a[static_cast<std::size_t>(j * as + r)] = static_cast<std::int8_t>(hi(rng));
-                a[static_cast<std::size_t>(j * as + rows + r)] = static_cast<std::int8_t>(lo(rng));
-              }
-            std::vector<std::int32_t> acc(static_cast<std::size_t>(nq * cs));
-            for (auto& x : acc) x = static_cast<std::int32_t>(byte(rng)) - 100;
-            auto accref = acc;
-            code_accumulate_int(codes.data(), rows, rb, bits, dim, a.data(), nq, as, acc.data(), cs);
-            code_accumulate_int_reference(codes.data(), rows, rb, bits, dim, a.data(), nq, as, accref.data(), cs);
-            ASSERT_EQ(acc, accref);
-          }
+    std::uniform_int_distribution<int> byte(0, 255), hi(-64, 63), lo(0, 127), w8(-127, 127);
+    for (const int limbs : {1, 2})
+      for (const i64 dim : {16, 32, 64, 96, 128, 192, 256, 12, 130})
+        for (const int bits : {2, 4})
+          for (const i64 nq : {1, 2, 3, 4, 5})
+            for (const i64 rows : {1, 3, 4, 5, 7, 33, 96}) {
+              SCOPED_TRACE("limbs " + std::to_string(limbs) + " dim " + std::to_string(dim) + " bits " +
+                           std::to_string(bits) + " nq " + std::to_string(nq) + " rows " + std::to_string(rows));
+              const i64 rb = (dim * bits + 7) / 8 + (rows % 2);  // padded rows for odd row counts
+              std::vector<std::uint8_t> codes(static_cast<std::size_t>(rows * rb));
+              for (auto& c : codes) c = static_cast<std::uint8_t>(byte(rng));
+              // n weights of `limbs` limbs at w (hi then lo), extreme values included.
+              const auto fill = [&](std::int8_t* w, i64 n, i64 salt) {
+                for (i64 c = 0; c < n; ++c) {
+                  const bool edge = (c + salt) % 17 == 0;
+                  if (limbs == 1) {
+                    w[c] = static_cast<std::int8_t>(edge ? (c % 2 ? 127 : -127) : w8(rng));
+                  } else {
+                    w[c] = static_cast<std::int8_t>(edge ? (c % 2 ? 63 : -64) : hi(rng));
+                    w[n + c] = static_cast<std::int8_t>(edge ? 127 : lo(rng));
+                  }
+                }
+              };
+              const auto value = [&](const std::int8_t* w, i64 n, i64 c) {
+                return limbs == 1 ? static_cast<float>(w[c]) : static_cast<float>(128 * w[c] + w[n + c]);
+              };
+              // Scores: weights per query, with a stride past their end.
+              const i64 ws = limbs * dim + 3;
+              std::vector<std::int8_t> w(static_cast<std::size_t>(nq * ws), 99);
+              for (i64 j = 0; j < nq; ++j) fill(w.data() + j * ws, dim, j);
+              const i64 os = rows + 2;
+              std::vector<std::int32_t> out(static_cast<std::size_t>(nq * os), -7), ref(out);
+              code_scores_int(codes.data(), rows, rb, bits, dim, limbs, w.data(), nq, ws, out.data(), os);
+              code_scores_int_reference(codes.data(), rows, rb, bits, dim, limbs, w.data(), nq, ws, ref.data(), os);
+              ASSERT_EQ(out, ref);
+              std::vector<float> wf(static_cast<std::size_t>(nq * dim));
+              for (i64 j = 0; j < nq; ++j)
+                for (i64 c = 0; c < dim; ++c)
+                  wf[static_cast<std::size_t>(j * dim + c)] = value(w.data() + j * ws, dim, c);
+              std::vector<float> fref(static_cast<std::size_t>(nq * os));
+              code_scores_reference(codes.data(), rows, rb, bits, dim, wf.data(), nq, dim, fref.data(), os);
+              for (i64 j = 0; j < nq; ++j)
+                for (i64 r = 0; r < rows; ++r)
+                  ASSERT_EQ(static_cast<float>(ref[static_cast<std::size_t>(j * os + r)]),
+                            fref[static_cast<std::size_t>(j * os + r)]);
+              // Accumulation: weights per query over the rows, acc starts non-zero.
+              const i64 as = limbs * rows + 1, cs = dim + 5;
+              std::vector<std::int8_t> a(static_cast<std::size_t>(nq * as), 99);
+              for (i64 j = 0; j < nq; ++j) fill(a.data() + j * as, rows, j + 5);
+              std::vector<std::int32_t> acc(static_cast<std::size_t>(nq * cs));
+              for (auto& x : acc) x = static_cast<std::int32_t>(byte(rng)) - 100;
+              auto accref = acc;
+              const auto acc0 = acc;
+              code_accumulate_int(codes.data(), rows, rb, bits, dim, limbs, a.data(), nq, as, acc.data(), cs);
+              code_accumulate_int_reference(codes.data(), rows, rb, bits, dim, limbs, a.data(), nq, as, accref.data(),
+                                            cs);
+              ASSERT_EQ(acc, accref);
+              // The reference against float sums of the same integer weights.
+              std::vector<float> af(static_cast<std::size_t>(nq * rows)),
+                  facc(static_cast<std::size_t>(nq * dim), 0.0f);
+              for (i64 j = 0; j < nq; ++j)
+                for (i64 r = 0; r < rows; ++r)
+                  af[static_cast<std::size_t>(j * rows + r)] = value(a.data() + j * as, rows, r);
+              code_accumulate_reference(codes.data(), rows, rb, bits, dim, af.data(), nq, rows, facc.data(), dim);
+              for (i64 j = 0; j < nq; ++j)
+                for (i64 c = 0; c < dim; ++c)
+                  ASSERT_EQ(static_cast<float>(accref[static_cast<std::size_t>(j * cs + c)] -
+                                               acc0[static_cast<std::size_t>(j * cs + c)]),
+                            facc[static_cast<std::size_t>(j * dim + c)]);
+            }
   });
 }
 
@@ -442,6 +463,56 @@ TEST(HexKernels, QuantizeWeights14IsTheSameOnEveryTargetAndBounded) {
         first_scale.push_back(s);
       } else {
         ASSERT_EQ(limbs, first[k]);
+        ASSERT_EQ(s, first_scale[k]);
+      }
+    }
+    have_first = true;
+  });
+}
+
+TEST(HexKernels, QuantizeWeights8IsTheSameOnEveryTargetAndBounded) {
+  std::mt19937_64 rng(0x71383877);
+  std::normal_distribution<float> g(0.0f, 1.0f);
+  std::vector<std::vector<float>> cases;
+  for (const i64 n : {1, 5, 16, 17, 64, 96, 128, 257}) {
+    std::vector<float> w;
+    for (i64 i = 0; i < n; ++i) w.push_back(g(rng) * (i % 9 == 0 ? 50.0f : 1.0f));
+    cases.push_back(w);
+    std::vector<float> z(static_cast<std::size_t>(n), 0.0f);  // all zero, then one tiny negative entry
+    cases.push_back(z);
+    z.back() = -3e-30f;
+    cases.push_back(z);
+  }
+  cases.push_back({127.0f, 0.5f, 1.5f, -0.5f, -2.5f, 2.5f, -127.0f, 126.5f, -125.5f});  // ties to even
+  std::vector<std::vector<std::int8_t>> first;
+  std::vector<float> first_scale;
+  bool have_first = false;
+  on_every_target([&] {
+    for (std::size_t k = 0; k < cases.size(); ++k) {
+      const auto& w = cases[k];
+      const auto n = static_cast<i64>(w.size());
+      std::vector<std::int8_t> v(static_cast<std::size_t>(n) + 1, 99);  // one sentinel past the end
+      const float s = quantize_weights8(w.data(), n, v.data());
+      EXPECT_EQ(v.back(), 99);
+      double m = 0;
+      for (const float x : w) m = std::max(m, std::fabs(static_cast<double>(x)));
+      ASSERT_NEAR(s, m / 127, 1e-7 * m);
+      for (i64 i = 0; i < n; ++i) {
+        const int x = v[static_cast<std::size_t>(i)];
+        ASSERT_GE(x, -127);
+        ASSERT_LE(x, 127);
+        // Within half a step, plus the rounding of w * 127 / max|w|.
+        ASSERT_LE(std::fabs(w[static_cast<std::size_t>(i)] - s * x), s * (0.5 + 1e-3) + 1e-45) << "at " << i;
+      }
+      if (k + 1 == cases.size()) {  // m = 127: v = w rounded half to even
+        const std::vector<int> want = {127, 0, 2, 0, -2, 2, -127, 126, -126};
+        for (i64 i = 0; i < n; ++i) ASSERT_EQ(v[static_cast<std::size_t>(i)], want[static_cast<std::size_t>(i)]) << i;
+      }
+      if (!have_first) {
+        first.push_back(v);
+        first_scale.push_back(s);
+      } else {
+        ASSERT_EQ(v, first[k]);
         ASSERT_EQ(s, first_scale[k]);
       }
     }

@@ -44,14 +44,18 @@ enum class HexMode { append, full };
 // - int14: per block and query, each set of weights is rounded to 14-bit
 //   fixed point, w ~ s * v with s = max|w| / 8191 and integer |v| <= 8191,
 //   and the products with the codes run on integer units (VNNI, PMADDUBSW,
-//   or their portable equivalent) exactly. A score moves by at most
-//   (s / 2) * sum_c code_c <= (s / 2) * (2^bits - 1) * head_dim from the
-//   float32 path, an output channel by at most (s / 2) * (2^bits - 1) *
-//   (quantized tokens) per block (bounds checked in the tests; kvcal
-//   eval-fidelity --methods hex4,hex4@int14 shows the effect on attention).
-//   Rows whose layout has no integer kernel (3 bits; head dims not a
-//   multiple of 32 at 4 bits or 64 at 2 bits) use float32.
-enum class HexDot { float32, int14 };
+//   or their portable equivalent) exactly, as two int8 limbs.
+// - int8: the same with 8-bit weights, s = max|w| / 127 and |v| <= 127: one
+//   byte dot product per code instead of two, at about 64 times the error
+//   bound of int14.
+// For both, a score moves by at most (s / 2) * sum_c code_c <= (s / 2) *
+// (2^bits - 1) * head_dim from the float32 path, an output channel by at
+// most (s / 2) * (2^bits - 1) * (quantized tokens) per block (bounds checked
+// in the tests; kvcal eval-fidelity --methods hex4,hex4@int14,hex4@int8
+// shows the effect on attention). Rows whose layout has no integer kernel (3
+// bits; head dims not a multiple of 32 at 4 bits or 64 at 2 bits) use
+// float32.
+enum class HexDot { float32, int14, int8 };
 
 struct HexOptions {
   std::int64_t block = 96;  // n_b
@@ -68,7 +72,7 @@ struct HexOptions {
 
 // The options of a named method: "fp16", "kcvt2|3|4", "h2o2|3|4",
 // "expander2|3|4", "hex2|3|4", each but fp16 optionally followed by "@int14"
-// (dot = int14) or "@float32". Other fields are taken from `base`. Throws
+// (dot = int14), "@int8" (dot = int8) or "@float32". Other fields are taken from `base`. Throws
 // Error for other names ("h2o-evict" is H2OEvictCache).
 KVCAL_RUNTIME_API HexOptions hex_method(const std::string& name, const HexOptions& base = {});
 KVCAL_RUNTIME_API void check_options(const HexOptions& options);  // throws Error naming the bad field

@@ -222,6 +222,9 @@ struct Scratch {
 };
 thread_local Scratch scratch;
 
+// The int8 limbs per weight of an integer dot product.
+int dot_limbs(HexDot dot) { return dot == HexDot::int8 ? 1 : 2; }
+
 // Calls f(first, count, quantized_index_of_first) for each run of quantized
 // tokens between the kept ones, and g(t, kept_index) for each kept token, in
 // token order.
@@ -312,13 +315,14 @@ void detail::block_scores(const HexBlockView& b, const float* q, std::int64_t nq
           },
           [](std::int64_t, std::int64_t) {});
     }
-    if (dot == HexDot::int14 && int_dot_layout(b.bits, d)) {
+    if (dot != HexDot::float32 && int_dot_layout(b.bits, d)) {
       // Fixed-point weights per query, integer dot products, one scaling.
-      std::int8_t* w8 = Scratch::get(sc.w8, nq * 2 * d);
+      const int limbs = dot_limbs(dot);
+      std::int8_t* w8 = Scratch::get(sc.w8, nq * limbs * d);
       std::int32_t* qi = Scratch::get(sc.qi, nq * nqr);
       float* ws = Scratch::get(sc.ws, nq);
-      for (std::int64_t j = 0; j < nq; ++j) ws[j] = quantize_weights14(qd + j * d, d, w8 + j * 2 * d);
-      code_scores_int(b.k_codes, nqr, b.row_bytes, b.bits, d, w8, nq, 2 * d, qi, nqr);
+      quantize_rows(limbs, qd, nq, d, w8, ws);
+      code_scores_int(b.k_codes, nqr, b.row_bytes, b.bits, d, limbs, w8, nq, limbs * d, qi, nqr);
       for (std::int64_t j = 0; j < nq; ++j)
         for (std::int64_t r = 0; r < nqr; ++r) qs[j * nqr + r] = ws[j] * static_cast<float>(qi[j * nqr + r]);
     } else {
@@ -381,7 +385,6 @@ void detail::block_accumulate(const HexBlockView& b, const float* p, std::int64_
   float* a = Scratch::get(sc.a, nq * nqr);    // [nq][quantized row]: p_t delta_t
   float* sparse = Scratch::get(sc.sparse, nqr * d1);
   float* params = Scratch::get(sc.params, 2 * nqr);  // (delta, min) per quantized row
-  std::fill(acc, acc + nq * d, 0.0f);
   std::fill(base, base + nq, 0.0f);
   if (nqr > 0) halves_to_floats(reinterpret_cast<const half_bits*>(b.v_params), 2 * nqr, params);
   // The expander's entries: p_t (x_e - min_t) added to channel c_e, summed
@@ -411,18 +414,19 @@ void detail::block_accumulate(const HexBlockView& b, const float* p, std::int64_
       for (std::int64_t k = 0; k < nk; ++k) pk[j * nk + k] = p[j * p_stride + b.kept_index[k]];
     half_accumulate(pk, nq, nk, b.v_kept, nk, d, d, out, out_stride);
   }
-  if (nqr > 0 && dot == HexDot::int14 && int_dot_layout(b.bits, d)) {
-    std::int8_t* w8 = Scratch::get(sc.w8, nq * 2 * nqr);
+  if (nqr > 0 && dot != HexDot::float32 && int_dot_layout(b.bits, d)) {
+    const int limbs = dot_limbs(dot);
+    std::int8_t* w8 = Scratch::get(sc.w8, nq * limbs * nqr);
     std::int32_t* ai = Scratch::get(sc.qi, nq * d);
     float* ws = Scratch::get(sc.ws, nq);
-    for (std::int64_t j = 0; j < nq; ++j) ws[j] = quantize_weights14(a + j * nqr, nqr, w8 + j * 2 * nqr);
+    quantize_rows(limbs, a, nq, nqr, w8, ws);
     std::fill(ai, ai + nq * d, 0);
-    code_accumulate_int(b.v_codes, nqr, b.row_bytes, b.bits, d, w8, nq, 2 * nqr, ai, d);
-    for (std::int64_t j = 0; j < nq; ++j)
-      for (std::int64_t c = 0; c < d; ++c) acc[j * d + c] = ws[j] * static_cast<float>(ai[j * d + c]);
-  } else if (nqr > 0) {
-    code_accumulate(b.v_codes, nqr, b.row_bytes, b.bits, d, a, nq, nqr, acc, d);
+    code_accumulate_int(b.v_codes, nqr, b.row_bytes, b.bits, d, limbs, w8, nq, limbs * nqr, ai, d);
+    for (std::int64_t j = 0; j < nq; ++j) add_slots_int(ai + j * d, sl, ws[j], base[j], out + j * out_stride);
+    return;
   }
+  std::fill(acc, acc + nq * d, 0.0f);
+  if (nqr > 0) code_accumulate(b.v_codes, nqr, b.row_bytes, b.bits, d, a, nq, nqr, acc, d);
   for (std::int64_t j = 0; j < nq; ++j) add_slots(acc + j * d, sl, base[j], out + j * out_stride);
 }
 

@@ -34,10 +34,12 @@ HexOptions hex_method(const std::string& full_name, const HexOptions& base) {
     name.resize(at);
     if (dot == "int14") {
       o.dot = HexDot::int14;
+    } else if (dot == "int8") {
+      o.dot = HexDot::int8;
     } else if (dot == "float32") {
       o.dot = HexDot::float32;
     } else {
-      fail("unknown dot product '" + dot + "' in method '" + full_name + "' (known: @float32, @int14)");
+      fail("unknown dot product '" + dot + "' in method '" + full_name + "' (known: @float32, @int14, @int8)");
     }
     if (name == "fp16") fail("method 'fp16' has no codes to multiply: '" + full_name + "' takes no @" + dot);
   }
@@ -62,7 +64,7 @@ HexOptions hex_method(const std::string& full_name, const HexOptions& base) {
   }
   fail("unknown method '" + full_name +
        "' (known: fp16, kcvt2|3|4, h2o2|3|4, expander2|3|4, hex2|3|4, h2o-evict; any but fp16 and h2o-evict may end "
-       "in @int14)");
+       "in @int14 or @int8)");
 }
 
 void check_options(const HexOptions& o) {
@@ -355,12 +357,15 @@ void HexLayerCache::attend_head(const Impl& m, std::int64_t h, const float* q, s
     const Impl::Head& hd = m.head[static_cast<std::size_t>(h)];
     const float* qh = q + h * group * d;
     float* oh = out + h * group * d;
-    std::vector<float> local;
+    // Without a caller's buffer, the weights go to this thread's scratch: a
+    // fresh vector would be allocated (and zeroed) on every call, at 128 KiB
+    // per query head and 32K tokens.
+    thread_local std::vector<float> local;
     float* p;
     if (probs) {
       p = probs + h * group * S;
     } else {
-      local.resize(static_cast<std::size_t>(group * S));
+      if (static_cast<std::int64_t>(local.size()) < group * S) local.resize(static_cast<std::size_t>(group * S));
       p = local.data();
     }
     // Each pass reads one of the head's two block streams front to back.

@@ -9,6 +9,7 @@
 #include "runtime/hex/kernels_cpu.h"
 
 #include <algorithm>
+#include <cassert>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -1042,6 +1043,26 @@ void AddSlots(const float* acc, std::int64_t per, std::int64_t run, float bias, 
   }
 }
 
+// The same from the integer sums, scaled on the way.
+template <int kPer>
+HWY_INLINE void AddSlotsIntPer(const std::int32_t* HWY_RESTRICT acc, std::int64_t run, float scale, float bias,
+                               float* HWY_RESTRICT out) {
+  for (std::int64_t i = 0; i < run; ++i)
+    for (int k = 0; k < kPer; ++k) out[kPer * i + k] += bias + scale * static_cast<float>(acc[k * run + i]);
+}
+void AddSlotsInt(const std::int32_t* acc, std::int64_t per, std::int64_t run, float scale, float bias, float* out) {
+  switch (per) {
+    case 1:
+      return AddSlotsIntPer<1>(acc, run, scale, bias, out);
+    case 2:
+      return AddSlotsIntPer<2>(acc, run, scale, bias, out);
+    case 4:
+      return AddSlotsIntPer<4>(acc, run, scale, bias, out);
+    default:
+      return AddSlotsIntPer<8>(acc, run, scale, bias, out);
+  }
+}
+
 // out[i] = x[i] - b[idx[i]] (in place allowed: out == x).
 void GatherSub(const float* b, const std::int32_t* idx, const float* x, std::int64_t n, float* out) {
   std::int64_t i = 0;
@@ -1278,12 +1299,21 @@ HWY_INLINE void SumOfLanes4(D32 d32, hn::Vec<D32> t0, hn::Vec<D32> t1, hn::Vec<D
   for (int r = 0; r < 4; ++r) out4[r] = s[r];
 }
 
+// The int32 sums of a query's weights: one limb as it is, two limbs as
+// 128 hi + lo.
+template <int kL, class V>
+HWY_INLINE V MergeLimbs(V h, V l) {
+  if constexpr (kL == 1) return h;
+  return hn::Add(hn::ShiftLeft<7>(h), l);
+}
+
 // Integer scores of kQ queries over phase-split rows: out[j][r] = sum over
-// slots of (128 hi_j + lo_j)[slot] * code_r(slot), w8 + j * w8_stride holding
-// hi (dim int8 in slot order) then lo (dim int8). run % Lanes(d8) == 0.
-// Rows go four at a time: each row's per-query lane sums are parked in a
-// small buffer and the four are reduced together.
-template <int kPer, int kQ, class D8>
+// slots of w_j[slot] * code_r(slot), where w8 + j * w8_stride holds, in slot
+// order, either one limb w (kL = 1, dim int8) or two, hi then lo (kL = 2,
+// w = 128 hi + lo). run % Lanes(d8) == 0. Rows go four at a time: each row's
+// per-query lane sums are parked in a small buffer and the four are reduced
+// together.
+template <int kPer, int kQ, int kL, class D8>
 void ScoresInt(D8 d8, const std::uint8_t* codes, std::int64_t rows, std::int64_t row_bytes, std::int64_t run,
                std::int64_t dim, const std::int8_t* w8, std::int64_t w8_stride, std::int32_t* out,
                std::int64_t out_stride) {
@@ -1309,7 +1339,7 @@ void ScoresInt(D8 d8, const std::uint8_t* codes, std::int64_t rows, std::int64_t
           const auto dq = [&](int j, auto& h, auto& l) {
             const std::int8_t* wj = w8 + j * w8_stride + off + i;
             h = DotBytes(d8, c, hn::LoadU(di8, wj), h);
-            l = DotBytes(d8, c, hn::LoadU(di8, wj + dim), l);
+            if constexpr (kL == 2) l = DotBytes(d8, c, hn::LoadU(di8, wj + dim), l);
           };
           dq(0, h0, l0);
           if constexpr (kQ > 1) dq(1, h1, l1);
@@ -1324,10 +1354,10 @@ void ScoresInt(D8 d8, const std::uint8_t* codes, std::int64_t rows, std::int64_t
         }
       }
       std::int32_t* pk = park + rr * kQ * N32;
-      hn::Store(hn::Add(hn::ShiftLeft<7>(h0), l0), d32, pk);
-      if constexpr (kQ > 1) hn::Store(hn::Add(hn::ShiftLeft<7>(h1), l1), d32, pk + N32);
-      if constexpr (kQ > 2) hn::Store(hn::Add(hn::ShiftLeft<7>(h2), l2), d32, pk + 2 * N32);
-      if constexpr (kQ > 3) hn::Store(hn::Add(hn::ShiftLeft<7>(h3), l3), d32, pk + 3 * N32);
+      hn::Store(MergeLimbs<kL>(h0, l0), d32, pk);
+      if constexpr (kQ > 1) hn::Store(MergeLimbs<kL>(h1, l1), d32, pk + N32);
+      if constexpr (kQ > 2) hn::Store(MergeLimbs<kL>(h2, l2), d32, pk + 2 * N32);
+      if constexpr (kQ > 3) hn::Store(MergeLimbs<kL>(h3, l3), d32, pk + 3 * N32);
     }
     for (int j = 0; j < kQ; ++j) {
       std::int32_t t[4];
@@ -1339,8 +1369,9 @@ void ScoresInt(D8 d8, const std::uint8_t* codes, std::int64_t rows, std::int64_t
 }
 
 // Integer value accumulation over phase-split rows:
-//   acc_j[slot] += sum_r (128 hi_j[r] + lo_j[r]) * code_r(slot)
-// (w8 + j * w8_stride holds hi for every row, then lo). Four rows at a time,
+//   acc_j[slot] += sum_r w_j[r] * code_r(slot)
+// (w8 + j * w8_stride holds w for every row, or with two limbs hi for every
+// row, then lo: w = 128 hi + lo). Four rows at a time,
 // their bytes are transposed in registers (two rounds of interleaving) so
 // that each int32 lane holds one byte position of the four rows, which one
 // VPDPBUSD (or its equivalent) multiplies by the four rows' weights.
@@ -1399,18 +1430,18 @@ HWY_INLINE const std::uint8_t* RowGroup(D8 d8, const std::uint8_t* base, std::in
   return pad;
 }
 
-// acc[pm[x]] += 128 h[x] + l[x] for every lane x.
-template <class D32>
+// acc[pm[x]] += (the merged limbs)[x] for every lane x.
+template <int kL, class D32>
 HWY_INLINE void FlushLimbs(D32 d32, hn::Vec<D32> h, hn::Vec<D32> l, const std::int64_t* pm, std::int32_t* acc) {
   HWY_ALIGN std::int32_t lanes[hn::MaxLanes(d32)];
-  hn::Store(hn::Add(hn::ShiftLeft<7>(h), l), d32, lanes);
+  hn::Store(MergeLimbs<kL>(h, l), d32, lanes);
   for (std::size_t x = 0; x < hn::Lanes(d32); ++x) acc[pm[x]] += lanes[x];
 }
 
 #if HWY_HAVE_SCALABLE
 // One query at a time (named accumulators: scalable vectors form no arrays);
 // kM of the four transposed vectors per pass over the rows.
-template <int kPer, int kM, class D8>
+template <int kPer, int kM, int kL, class D8>
 void AccumulateInt(D8 d8, const std::uint8_t* codes, std::int64_t rows, std::int64_t row_bytes, std::int64_t run,
                    const std::int8_t* w8, std::int32_t* acc) {
   constexpr int kBits = 8 / kPer;
@@ -1429,12 +1460,12 @@ void AccumulateInt(D8 d8, const std::uint8_t* codes, std::int64_t rows, std::int
         const std::uint8_t* base = RowGroup(d8, codes + r * row_bytes + i, r, rows, stride, pad);
         const auto r0 = hn::LoadU(d8, base), r1 = hn::LoadU(d8, base + stride);
         const auto r2 = hn::LoadU(d8, base + 2 * stride), r3 = hn::LoadU(d8, base + 3 * stride);
-        const auto wh = Weights4(d8, w8, r, rows), wl = Weights4(d8, w8 + rows, r, rows);
+        const auto wh = Weights4(d8, w8, r, rows), wl = Weights4(d8, w8 + (kL - 1) * rows, r, rows);
         const auto one = [&](int mm, auto& h0, auto& h1, auto& h2, auto& h3, auto& l0, auto& l1, auto& l2, auto& l3) {
           const auto t = Transpose4<D8>::Apply(d8, r0, r1, r2, r3, m0 + mm);
           const auto ph = [&](auto c, auto& h, auto& l) {
             h = DotBytes(d8, c, wh, h);
-            l = DotBytes(d8, c, wl, l);
+            if constexpr (kL == 2) l = DotBytes(d8, c, wl, l);
           };
           ph(PhaseBytes<kBits, 0>(d8, t), h0, l0);
           if constexpr (kPer >= 2) ph(PhaseBytes<kBits, 1>(d8, t), h1, l1);
@@ -1447,7 +1478,7 @@ void AccumulateInt(D8 d8, const std::uint8_t* codes, std::int64_t rows, std::int
         if constexpr (kM > 1) one(1, a10, a11, a12, a13, b10, b11, b12, b13);
       }
       const auto flush = [&](int mm, int k, auto h, auto l) {
-        FlushLimbs(d32, h, l, tr.perm + (m0 + mm) * N32, acc + k * run + i);
+        FlushLimbs<kL>(d32, h, l, tr.perm + (m0 + mm) * N32, acc + k * run + i);
       };
       flush(0, 0, a00, b00);
       if constexpr (kPer >= 2) flush(0, 1, a01, b01);
@@ -1461,69 +1492,101 @@ void AccumulateInt(D8 d8, const std::uint8_t* codes, std::int64_t rows, std::int
   }
 }
 #else
-// kQ queries of a GQA group share each load and transposition of the codes
-// (2 kQ kPer accumulators in registers).
-template <int kPer, int kQ, class D8>
+// acc[16 k + 4 m + e] += (the merged limbs)[4 k + e] for every 128-bit block
+// k of transposed vector m and e < 4: where the interleaving is per 128-bit
+// block (x86, NEON), lane e of block k of transposed vector m holds byte
+// position 16 k + 4 m + e, so each block goes back with one 128-bit add.
+template <int kL, class D32>
+HWY_INLINE void FlushTransposed(D32 d32, hn::Vec<D32> h, hn::Vec<D32> l, int m, std::int32_t* acc) {
+  HWY_ALIGN std::int32_t lanes[hn::MaxLanes(d32)];
+  hn::Store(MergeLimbs<kL>(h, l), d32, lanes);
+  const hn::FixedTag<std::int32_t, 4> d4;
+  for (std::size_t k = 0; k < hn::Lanes(d32) / 4; ++k) {
+    std::int32_t* a = acc + 16 * k + 4 * static_cast<std::size_t>(m);
+    hn::StoreU(hn::Add(hn::LoadU(d4, a), hn::Load(d4, lanes + 4 * k)), d4, a);
+  }
+}
+
+// kQ queries of a GQA group share each load and transposition of the codes,
+// kM of the four transposed vectors per pass over the rows (kM kL kQ kPer
+// accumulators in registers).
+template <int kPer, int kQ, int kL, class D8>
 void AccumulateIntQ(D8 d8, const std::uint8_t* codes, std::int64_t rows, std::int64_t row_bytes, std::int64_t run,
                     const std::int8_t* w8, std::int64_t w8_stride, std::int32_t* acc, std::int64_t acc_stride) {
-  constexpr int kBits = 8 / kPer;
+  constexpr int kBits = 8 / kPer, kX = kQ * kPer;
+  constexpr int kFit = kAccVectors / (kL * kX);
+  constexpr int kM = kFit >= 4 ? 4 : kFit >= 2 ? 2 : 1;
+  constexpr std::int64_t kAhead = 64;  // rows requested ahead of the first pass
   const hn::Repartition<std::int32_t, D8> d32;
   const auto N = static_cast<std::int64_t>(hn::Lanes(d8));
-  const auto N32 = static_cast<std::int64_t>(hn::Lanes(d32));
-  const Transpose4<D8> tr(d8);
+#ifndef NDEBUG
+  {  // the layout FlushTransposed relies on
+    const Transpose4<D8> tr(d8);
+    for (std::int64_t x = 0; x < 4 * static_cast<std::int64_t>(hn::Lanes(d32)); ++x)
+      assert(tr.perm[x] == 16 * ((x % static_cast<std::int64_t>(hn::Lanes(d32))) / 4) +
+                               4 * (x / static_cast<std::int64_t>(hn::Lanes(d32))) + x % 4);
+  }
+#endif
   HWY_ALIGN std::uint8_t pad[4 * hn::MaxLanes(d8)];
   for (std::int64_t i = 0; i < run; i += N) {
-    for (int m = 0; m < 4; ++m) {
-      hn::Vec<decltype(d32)> h[kQ * kPer], l[kQ * kPer];  // [query][phase], the two limbs
-      Unroll<kQ * kPer>([&](auto x) { h[x] = l[x] = hn::Zero(d32); });
+    for (std::int64_t r = 0; r < std::min(rows, kAhead); ++r) __builtin_prefetch(codes + r * row_bytes + i, 0, 3);
+    for (int m0 = 0; m0 < 4; m0 += kM) {
+      hn::Vec<decltype(d32)> h[kM * kX], l[kM * kX];  // [transposed vector][query][phase], the limbs
+      Unroll<kM * kX>([&](auto x) { h[x] = l[x] = hn::Zero(d32); });
       for (std::int64_t r = 0; r < rows; r += 4) {
-        if (m == 0)  // the first pass streams the rows in; past the end is harmless
-          for (int k = 0; k < 4; ++k) __builtin_prefetch(codes + (r + k + kPrefetchRows) * row_bytes + i, 0, 3);
+        if (m0 == 0)  // the first pass streams the rows in; past the end is harmless
+          for (int k = 0; k < 4; ++k) __builtin_prefetch(codes + (r + k + kAhead) * row_bytes + i, 0, 3);
         std::int64_t stride = row_bytes;
         const std::uint8_t* base = RowGroup(d8, codes + r * row_bytes + i, r, rows, stride, pad);
-        const auto t = Transpose4<D8>::Apply(d8, hn::LoadU(d8, base), hn::LoadU(d8, base + stride),
-                                             hn::LoadU(d8, base + 2 * stride), hn::LoadU(d8, base + 3 * stride), m);
-        hn::Vec<D8> ph[kPer];
-        Unroll<kPer>([&](auto k) { ph[k] = PhaseBytes<kBits, k>(d8, t); });
-        Unroll<kQ>([&](auto j) {
-          const std::int8_t* wj = w8 + j * w8_stride;
-          const auto wh = Weights4(d8, wj, r, rows), wl = Weights4(d8, wj + rows, r, rows);
-          Unroll<kPer>([&](auto k) {
-            h[j * kPer + k] = DotBytes(d8, ph[k], wh, h[j * kPer + k]);
-            l[j * kPer + k] = DotBytes(d8, ph[k], wl, l[j * kPer + k]);
+        const auto r0 = hn::LoadU(d8, base), r1 = hn::LoadU(d8, base + stride);
+        const auto r2 = hn::LoadU(d8, base + 2 * stride), r3 = hn::LoadU(d8, base + 3 * stride);
+        Unroll<kM>([&](auto mm) {
+          const auto t = Transpose4<D8>::Apply(d8, r0, r1, r2, r3, m0 + mm);
+          hn::Vec<D8> ph[kPer];
+          Unroll<kPer>([&](auto k) { ph[k] = PhaseBytes<kBits, k>(d8, t); });
+          Unroll<kQ>([&](auto j) {
+            constexpr int x0 = (decltype(mm)::value * kQ + decltype(j)::value) * kPer;
+            const std::int8_t* wj = w8 + j * w8_stride;
+            const auto wh = Weights4(d8, wj, r, rows);
+            Unroll<kPer>([&](auto k) { h[x0 + k] = DotBytes(d8, ph[k], wh, h[x0 + k]); });
+            if constexpr (kL == 2) {
+              const auto wl = Weights4(d8, wj + rows, r, rows);
+              Unroll<kPer>([&](auto k) { l[x0 + k] = DotBytes(d8, ph[k], wl, l[x0 + k]); });
+            }
           });
         });
       }
-      Unroll<kQ * kPer>([&](auto x) {
-        FlushLimbs(d32, h[x], l[x], tr.perm + m * N32, acc + x / kPer * acc_stride + x % kPer * run + i);
+      Unroll<kM * kX>([&](auto x) {
+        constexpr int mm = decltype(x)::value / kX, q = decltype(x)::value % kX;
+        FlushTransposed<kL>(d32, h[x], l[x], m0 + mm, acc + q / kPer * acc_stride + q % kPer * run + i);
       });
     }
   }
 }
 #endif
 
-template <class D8>
+template <int kL, class D8>
 void AccumulateIntPer(D8 d8, int per, const std::uint8_t* codes, std::int64_t rows, std::int64_t row_bytes,
                       std::int64_t run, const std::int8_t* w8, std::int64_t nq, std::int64_t w8_stride,
                       std::int32_t* acc, std::int64_t acc_stride) {
 #if HWY_HAVE_SCALABLE
   for (std::int64_t j = 0; j < nq; ++j) {
     if (per == 2)
-      AccumulateInt<2, 2>(d8, codes, rows, row_bytes, run, w8 + j * w8_stride, acc + j * acc_stride);
+      AccumulateInt<2, 2, kL>(d8, codes, rows, row_bytes, run, w8 + j * w8_stride, acc + j * acc_stride);
     else
-      AccumulateInt<4, 2>(d8, codes, rows, row_bytes, run, w8 + j * w8_stride, acc + j * acc_stride);
+      AccumulateInt<4, 2, kL>(d8, codes, rows, row_bytes, run, w8 + j * w8_stride, acc + j * acc_stride);
   }
 #else
-  // Queries in groups whose accumulators (two limbs per phase) fit the registers.
+  // Queries in groups whose accumulators (kL limbs per phase) fit the registers.
   const auto groups = [&](auto per_c) {
     constexpr int kPer = decltype(per_c)::value;
-    constexpr int kG = std::max(1, kAccVectors / (2 * kPer));
+    constexpr int kG = std::max(1, kAccVectors / (kL * kPer));
     for (std::int64_t j = 0; j < nq; j += kG) {
       const std::int8_t* wj = w8 + j * w8_stride;
       std::int32_t* aj = acc + j * acc_stride;
       const std::int64_t g = std::min<std::int64_t>(kG, nq - j);
       Unroll<kG>([&](auto q) {
-        if (q + 1 == g) AccumulateIntQ<kPer, q + 1>(d8, codes, rows, row_bytes, run, wj, w8_stride, aj, acc_stride);
+        if (q + 1 == g) AccumulateIntQ<kPer, q + 1, kL>(d8, codes, rows, row_bytes, run, wj, w8_stride, aj, acc_stride);
       });
     }
   };
@@ -1535,11 +1598,11 @@ void AccumulateIntPer(D8 d8, int per, const std::uint8_t* codes, std::int64_t ro
 }
 
 #if !HWY_HAVE_SCALABLE
-// ScoresInt with kR rows per step unrolled at compile time: the two limbs'
-// sums of each row and query merged in registers (128 hi + lo) and reduced
-// four at a time, the weights packed in their order of use. Returns the rows
-// done (a multiple of kR); ScoresInt does the rest.
-template <int kPer, int kQ, int kR, class D8>
+// ScoresInt with kR rows per step unrolled at compile time: the limbs' sums
+// of each row and query merged in registers and reduced four at a time, the
+// weights packed in their order of use. Returns the rows done (a multiple of
+// kR); ScoresInt does the rest.
+template <int kPer, int kQ, int kL, int kR, class D8>
 KVCAL_FLATTEN std::int64_t ScoresIntRows(D8 d8, const std::uint8_t* codes, std::int64_t rows, std::int64_t row_bytes,
                                          std::int64_t run, std::int64_t dim, const std::int8_t* w8,
                                          std::int64_t w8_stride, std::int32_t* out, std::int64_t out_stride) {
@@ -1548,20 +1611,20 @@ KVCAL_FLATTEN std::int64_t ScoresIntRows(D8 d8, const std::uint8_t* codes, std::
   const hn::Repartition<std::int32_t, D8> d32;
   const auto N = static_cast<std::int64_t>(hn::Lanes(d8));
   constexpr std::int64_t kPacked = 8192;
-  if (2 * kQ * kPer * run > kPacked) return 0;
+  if (kL * kQ * kPer * run > kPacked) return 0;
   HWY_ALIGN std::int8_t wp[kPacked];  // per vector i: [query][phase][limb] vectors of N bytes
   for (std::int64_t i = 0; i < run; i += N)
     for (int j = 0; j < kQ; ++j)
       for (int k = 0; k < kPer; ++k)
-        for (int limb = 0; limb < 2; ++limb)
+        for (int limb = 0; limb < kL; ++limb)
           hn::Store(hn::LoadU(di8, w8 + j * w8_stride + limb * dim + k * run + i), di8,
-                    wp + i * 2 * kQ * kPer + ((j * kPer + k) * 2 + limb) * N);
+                    wp + i * kL * kQ * kPer + ((j * kPer + k) * kL + limb) * N);
   std::int64_t r = 0;
   for (; r + kR <= rows; r += kR) {
     hn::Vec<decltype(d32)> h[kA], l[kA];
     Unroll<kA>([&](auto x) KVCAL_INLINE_LAMBDA { h[x] = l[x] = hn::Zero(d32); });
     for (std::int64_t i = 0; i < run; i += N) {
-      const std::int8_t* wi = wp + i * 2 * kQ * kPer;
+      const std::int8_t* wi = wp + i * kL * kQ * kPer;
       Unroll<kR>([&](auto rr) KVCAL_INLINE_LAMBDA {
         const std::uint8_t* row = codes + (r + rr) * row_bytes;
         if (i == 0) __builtin_prefetch(row + kPrefetchRows * row_bytes, 0, 3);  // past the end is harmless
@@ -1571,15 +1634,15 @@ KVCAL_FLATTEN std::int64_t ScoresIntRows(D8 d8, const std::uint8_t* codes, std::
         Unroll<kQ>([&](auto j) KVCAL_INLINE_LAMBDA {
           constexpr int x = decltype(rr)::value * kQ + decltype(j)::value;
           Unroll<kPer>([&](auto k) KVCAL_INLINE_LAMBDA {
-            const std::int8_t* wk = wi + ((j * kPer + k) * 2) * N;
+            const std::int8_t* wk = wi + ((j * kPer + k) * kL) * N;
             h[x] = DotBytes(d8, ph[k], hn::Load(di8, wk), h[x]);
-            l[x] = DotBytes(d8, ph[k], hn::Load(di8, wk + N), l[x]);
+            if constexpr (kL == 2) l[x] = DotBytes(d8, ph[k], hn::Load(di8, wk + N), l[x]);
           });
         });
       });
     }
     HWY_ALIGN std::int32_t sum[(kA + 3) / 4 * 4];
-    Unroll<kA>([&](auto x) KVCAL_INLINE_LAMBDA { h[x] = hn::Add(hn::ShiftLeft<7>(h[x]), l[x]); });
+    Unroll<kA>([&](auto x) KVCAL_INLINE_LAMBDA { h[x] = MergeLimbs<kL>(h[x], l[x]); });
     Unroll<kA / 4>([&](auto g) KVCAL_INLINE_LAMBDA {
       constexpr int b = 4 * decltype(g)::value;
       Sum4(d32, h[b], h[b + 1], h[b + 2], h[b + 3], sum + b);
@@ -1594,7 +1657,7 @@ KVCAL_FLATTEN std::int64_t ScoresIntRows(D8 d8, const std::uint8_t* codes, std::
 }
 #endif
 
-template <int kPer, class D8>
+template <int kPer, int kL, class D8>
 void ScoresIntGroups(D8 d8, const std::uint8_t* codes, std::int64_t rows, std::int64_t row_bytes, std::int64_t run,
                      std::int64_t dim, const std::int8_t* w8, std::int64_t nq, std::int64_t w8_stride,
                      std::int32_t* out, std::int64_t out_stride) {
@@ -1605,12 +1668,12 @@ void ScoresIntGroups(D8 d8, const std::uint8_t* codes, std::int64_t rows, std::i
       constexpr int kQ = decltype(kq)::value;
       std::int64_t r = 0;
 #if !HWY_HAVE_SCALABLE && KVCAL_ROW_KERNELS
-      constexpr int kR = std::max(1, (kAccVectors / 2) / kQ);  // two limbs per row and query
-      r = ScoresIntRows<kPer, kQ, kR>(d8, codes, rows, row_bytes, run, dim, wj, w8_stride, oj, out_stride);
+      constexpr int kR = std::max(1, (kAccVectors / kL) / kQ);  // kL limbs per row and query
+      r = ScoresIntRows<kPer, kQ, kL, kR>(d8, codes, rows, row_bytes, run, dim, wj, w8_stride, oj, out_stride);
 #endif
       if (r < rows)
-        ScoresInt<kPer, kQ>(d8, codes + r * row_bytes, rows - r, row_bytes, run, dim, wj, w8_stride, oj + r,
-                            out_stride);
+        ScoresInt<kPer, kQ, kL>(d8, codes + r * row_bytes, rows - r, row_bytes, run, dim, wj, w8_stride, oj + r,
+                                out_stride);
     };
     switch (std::min<std::int64_t>(4, nq - j)) {
       case 1:
@@ -1629,90 +1692,136 @@ void ScoresIntGroups(D8 d8, const std::uint8_t* codes, std::int64_t rows, std::i
   }
 }
 
-template <class D8>
+template <int kL, class D8>
 void ScoresIntPer(D8 d8, int per, const std::uint8_t* codes, std::int64_t rows, std::int64_t row_bytes,
                   std::int64_t run, std::int64_t dim, const std::int8_t* w8, std::int64_t nq, std::int64_t w8_stride,
                   std::int32_t* out, std::int64_t out_stride) {
   if (per == 2)
-    ScoresIntGroups<2>(d8, codes, rows, row_bytes, run, dim, w8, nq, w8_stride, out, out_stride);
+    ScoresIntGroups<2, kL>(d8, codes, rows, row_bytes, run, dim, w8, nq, w8_stride, out, out_stride);
   else
-    ScoresIntGroups<4>(d8, codes, rows, row_bytes, run, dim, w8, nq, w8_stride, out, out_stride);
+    ScoresIntGroups<4, kL>(d8, codes, rows, row_bytes, run, dim, w8, nq, w8_stride, out, out_stride);
 }
 #endif  // HWY_TARGET != HWY_SCALAR
 
+// The widest vector of bytes that divides a run (runs are multiples of 16),
+// and the kernel for kL limbs there; false where none does.
+template <class F>
+bool WithIntVector(std::int64_t run, int limbs, const F& f) {
+#if HWY_TARGET != HWY_SCALAR
+  const auto with = [&](auto d8) {
+    if (run % static_cast<std::int64_t>(hn::Lanes(d8)) != 0) return false;
+    if (limbs == 1)
+      f(d8, std::integral_constant<int, 1>());
+    else
+      f(d8, std::integral_constant<int, 2>());
+    return true;
+  };
+  if (with(hn::ScalableTag<std::uint8_t>())) return true;
+#if HWY_TARGET != HWY_SVE && HWY_TARGET != HWY_SVE2 && HWY_TARGET != HWY_SVE_256 && HWY_TARGET != HWY_SVE2_128
+  if (with(hn::CappedTag<std::uint8_t, 32>())) return true;
+  if (with(hn::CappedTag<std::uint8_t, 16>())) return true;
+#endif
+#else
+  (void)run, (void)limbs, (void)f;
+#endif
+  return false;
+}
+
 void CodeScoresInt(const std::uint8_t* codes, std::int64_t rows, std::int64_t row_bytes, int bits, std::int64_t dim,
-                   const std::int8_t* w8, std::int64_t nq, std::int64_t w8_stride, std::int32_t* out,
+                   int limbs, const std::int8_t* w8, std::int64_t nq, std::int64_t w8_stride, std::int32_t* out,
                    std::int64_t out_stride) {
   const Slots sl(bits, dim);
 #if HWY_TARGET != HWY_SCALAR
   const int per = static_cast<int>(sl.per);
-  // The widest vector of bytes that divides a run (runs are multiples of 16).
-  const hn::ScalableTag<std::uint8_t> d8;
-  if (sl.run % static_cast<std::int64_t>(hn::Lanes(d8)) == 0)
-    return ScoresIntPer(d8, per, codes, rows, row_bytes, sl.run, dim, w8, nq, w8_stride, out, out_stride);
-#if HWY_TARGET != HWY_SVE && HWY_TARGET != HWY_SVE2 && HWY_TARGET != HWY_SVE_256 && HWY_TARGET != HWY_SVE2_128
-  const hn::CappedTag<std::uint8_t, 32> d32b;
-  if (sl.run % static_cast<std::int64_t>(hn::Lanes(d32b)) == 0)
-    return ScoresIntPer(d32b, per, codes, rows, row_bytes, sl.run, dim, w8, nq, w8_stride, out, out_stride);
-  const hn::CappedTag<std::uint8_t, 16> d16b;
-  if (sl.run % static_cast<std::int64_t>(hn::Lanes(d16b)) == 0)
-    return ScoresIntPer(d16b, per, codes, rows, row_bytes, sl.run, dim, w8, nq, w8_stride, out, out_stride);
+  if (WithIntVector(sl.run, limbs, [&](auto d8, auto kl) {
+        ScoresIntPer<decltype(kl)::value>(d8, per, codes, rows, row_bytes, sl.run, dim, w8, nq, w8_stride, out,
+                                          out_stride);
+      }))
+    return;
 #endif
-#endif
-  code_scores_int_reference(codes, rows, row_bytes, bits, dim, w8, nq, w8_stride, out, out_stride);
+  code_scores_int_reference(codes, rows, row_bytes, bits, dim, limbs, w8, nq, w8_stride, out, out_stride);
 }
 
 void CodeAccumulateInt(const std::uint8_t* codes, std::int64_t rows, std::int64_t row_bytes, int bits, std::int64_t dim,
-                       const std::int8_t* w8, std::int64_t nq, std::int64_t w8_stride, std::int32_t* acc,
+                       int limbs, const std::int8_t* w8, std::int64_t nq, std::int64_t w8_stride, std::int32_t* acc,
                        std::int64_t acc_stride) {
   const Slots sl(bits, dim);
 #if HWY_TARGET != HWY_SCALAR
   const int per = static_cast<int>(sl.per);
-  const hn::ScalableTag<std::uint8_t> d8;
-  if (sl.run % static_cast<std::int64_t>(hn::Lanes(d8)) == 0)
-    return AccumulateIntPer(d8, per, codes, rows, row_bytes, sl.run, w8, nq, w8_stride, acc, acc_stride);
-#if HWY_TARGET != HWY_SVE && HWY_TARGET != HWY_SVE2 && HWY_TARGET != HWY_SVE_256 && HWY_TARGET != HWY_SVE2_128
-  const hn::CappedTag<std::uint8_t, 32> d32b;
-  if (sl.run % static_cast<std::int64_t>(hn::Lanes(d32b)) == 0)
-    return AccumulateIntPer(d32b, per, codes, rows, row_bytes, sl.run, w8, nq, w8_stride, acc, acc_stride);
-  const hn::CappedTag<std::uint8_t, 16> d16b;
-  if (sl.run % static_cast<std::int64_t>(hn::Lanes(d16b)) == 0)
-    return AccumulateIntPer(d16b, per, codes, rows, row_bytes, sl.run, w8, nq, w8_stride, acc, acc_stride);
+  if (WithIntVector(sl.run, limbs, [&](auto d8, auto kl) {
+        AccumulateIntPer<decltype(kl)::value>(d8, per, codes, rows, row_bytes, sl.run, w8, nq, w8_stride, acc,
+                                              acc_stride);
+      }))
+    return;
 #endif
-#endif
-  code_accumulate_int_reference(codes, rows, row_bytes, bits, dim, w8, nq, w8_stride, acc, acc_stride);
+  code_accumulate_int_reference(codes, rows, row_bytes, bits, dim, limbs, w8, nq, w8_stride, acc, acc_stride);
 }
 
-// 14-bit fixed point of n weights (see quantize_weights14): NearestInt
-// rounds half to even on every target, like the scalar lrint.
-float QuantizeWeights14(const float* w, std::int64_t n, std::int8_t* limbs) {
+// max |w[i]| over i < n (two accumulators: the max chain is the latency).
+HWY_INLINE float MaxAbs(const float* w, std::int64_t n) {
+  const DF df;
+  const auto N = static_cast<std::int64_t>(hn::Lanes(df));
+  auto m0 = hn::Zero(df), m1 = m0;
+  std::int64_t i = 0;
+  for (; i + 2 * N <= n; i += 2 * N) {
+    m0 = hn::Max(m0, hn::Abs(hn::LoadU(df, w + i)));
+    m1 = hn::Max(m1, hn::Abs(hn::LoadU(df, w + i + N)));
+  }
+  if (i + N <= n) {
+    m0 = hn::Max(m0, hn::Abs(hn::LoadU(df, w + i)));
+    i += N;
+  }
+  float m = hn::GetLane(hn::MaxOfLanes(df, hn::Max(m0, m1)));
+  for (; i < n; ++i) m = std::max(m, std::fabs(w[i]));
+  return m;
+}
+
+// Fixed point of n weights (see quantize_weights8 and quantize_weights14):
+// v = round(w * L / max|w|), L = 127 (kL = 1, out holds v) or 8191 (kL = 2,
+// out holds hi = floor(v / 128), then lo = v - 128 hi). NearestInt rounds
+// half to even on every target, like the scalar lrint. Returns max|w| / L.
+template <int kL>
+HWY_INLINE float QuantizeRow(const float* w, std::int64_t n, std::int8_t* out) {
+  constexpr int kLevels = kL == 1 ? 127 : 8191;
   const DF df;
   const DI di;
   const auto N = static_cast<std::int64_t>(hn::Lanes(df));
-  auto mv = hn::Zero(df);
-  std::int64_t i = 0;
-  for (; i + N <= n; i += N) mv = hn::Max(mv, hn::Abs(hn::LoadU(df, w + i)));
-  float m = hn::GetLane(hn::MaxOfLanes(df, mv));
-  for (; i < n; ++i) m = std::max(m, std::fabs(w[i]));
+  const float m = MaxAbs(w, n);
   if (!(m > 0.0f)) {
-    std::fill(limbs, limbs + 2 * n, std::int8_t{0});
+    std::fill(out, out + kL * n, std::int8_t{0});
     return 0.0f;
   }
-  const float inv = 8191.0f / m;
+  const float inv = static_cast<float>(kLevels) / m;
   const auto iv = hn::Set(df, inv);
-  const auto top = hn::Set(di, 8191), bottom = hn::Set(di, -8191), low7 = hn::Set(di, 127);
-  const hn::Rebind<std::int8_t, DI> d8;  // both limbs fit int8: no saturation happens
-  for (i = 0; i + N <= n; i += N) {
+  const auto top = hn::Set(di, kLevels), bottom = hn::Set(di, -kLevels), low7 = hn::Set(di, 127);
+  const hn::Rebind<std::int8_t, DI> d8;  // every limb fits int8: no saturation happens
+  std::int64_t i = 0;
+  for (; i + N <= n; i += N) {
     const auto v = hn::Min(hn::Max(hn::NearestInt(hn::Mul(hn::LoadU(df, w + i), iv)), bottom), top);
-    hn::StoreU(hn::DemoteTo(d8, hn::ShiftRight<7>(v)), d8, limbs + i);  // arithmetic: floor(v / 128)
-    hn::StoreU(hn::DemoteTo(d8, hn::And(v, low7)), d8, limbs + n + i);  // v - 128 floor(v / 128)
+    if constexpr (kL == 1) {
+      hn::StoreU(hn::DemoteTo(d8, v), d8, out + i);
+    } else {
+      hn::StoreU(hn::DemoteTo(d8, hn::ShiftRight<7>(v)), d8, out + i);  // arithmetic: floor(v / 128)
+      hn::StoreU(hn::DemoteTo(d8, hn::And(v, low7)), d8, out + n + i);  // v - 128 floor(v / 128)
+    }
   }
   for (; i < n; ++i) {
-    const long v = std::clamp(std::lrint(w[i] * inv), -8191L, 8191L);
-    limbs[i] = static_cast<std::int8_t>(v >> 7);
-    limbs[n + i] = static_cast<std::int8_t>(v & 127);
+    const long v = std::clamp(std::lrint(w[i] * inv), -static_cast<long>(kLevels), static_cast<long>(kLevels));
+    if constexpr (kL == 1) {
+      out[i] = static_cast<std::int8_t>(v);
+    } else {
+      out[i] = static_cast<std::int8_t>(v >> 7);
+      out[n + i] = static_cast<std::int8_t>(v & 127);
+    }
   }
-  return m / 8191.0f;
+  return m / static_cast<float>(kLevels);
+}
+
+// Rows j < rows of n weights at w + j * n, each to out + j * limbs * n with
+// its scale in scales[j].
+void QuantizeRows(int limbs, const float* w, std::int64_t rows, std::int64_t n, std::int8_t* out, float* scales) {
+  for (std::int64_t j = 0; j < rows; ++j)
+    scales[j] = limbs == 1 ? QuantizeRow<1>(w + j * n, n, out + j * n) : QuantizeRow<2>(w + j * n, n, out + j * 2 * n);
 }
 
 const char* TargetName() { return hwy::TargetName(HWY_TARGET); }
@@ -1734,8 +1843,9 @@ HWY_EXPORT(CodeScores);
 HWY_EXPORT(CodeAccumulate);
 HWY_EXPORT(CodeScoresInt);
 HWY_EXPORT(CodeAccumulateInt);
-HWY_EXPORT(QuantizeWeights14);
+HWY_EXPORT(QuantizeRows);
 HWY_EXPORT(AddSlots);
+HWY_EXPORT(AddSlotsInt);
 HWY_EXPORT(KeyWeights);
 HWY_EXPORT(GatherSub);
 HWY_EXPORT(MulF);
@@ -1790,6 +1900,9 @@ void code_accumulate(const std::uint8_t* codes, std::int64_t rows, std::int64_t 
 void add_slots(const float* acc, const Slots& sl, float bias, float* out) {
   HWY_DYNAMIC_DISPATCH(AddSlots)(acc, sl.per, sl.run, bias, out);
 }
+void add_slots_int(const std::int32_t* acc, const Slots& sl, float scale, float bias, float* out) {
+  HWY_DYNAMIC_DISPATCH(AddSlotsInt)(acc, sl.per, sl.run, scale, bias, out);
+}
 void key_weights(const float* params, const float* q, std::int64_t nq, std::int64_t q_stride, float scale,
                  const Slots& sl, float* qd, float* kmin, float* bias, float* tmp) {
   HWY_DYNAMIC_DISPATCH(KeyWeights)(params, q, nq, q_stride, scale, sl.per, sl.run, qd, kmin, bias, tmp);
@@ -1811,48 +1924,67 @@ bool int_dot_layout(int bits, std::int64_t dim) {
 }
 
 void code_scores_int(const std::uint8_t* codes, std::int64_t rows, std::int64_t row_bytes, int bits, std::int64_t dim,
-                     const std::int8_t* w8, std::int64_t nq, std::int64_t w8_stride, std::int32_t* out,
+                     int limbs, const std::int8_t* w8, std::int64_t nq, std::int64_t w8_stride, std::int32_t* out,
                      std::int64_t out_stride) {
-  HWY_DYNAMIC_DISPATCH(CodeScoresInt)(codes, rows, row_bytes, bits, dim, w8, nq, w8_stride, out, out_stride);
+  HWY_DYNAMIC_DISPATCH(CodeScoresInt)(codes, rows, row_bytes, bits, dim, limbs, w8, nq, w8_stride, out, out_stride);
 }
 
 void code_accumulate_int(const std::uint8_t* codes, std::int64_t rows, std::int64_t row_bytes, int bits,
-                         std::int64_t dim, const std::int8_t* w8, std::int64_t nq, std::int64_t w8_stride,
+                         std::int64_t dim, int limbs, const std::int8_t* w8, std::int64_t nq, std::int64_t w8_stride,
                          std::int32_t* acc, std::int64_t acc_stride) {
-  HWY_DYNAMIC_DISPATCH(CodeAccumulateInt)(codes, rows, row_bytes, bits, dim, w8, nq, w8_stride, acc, acc_stride);
+  HWY_DYNAMIC_DISPATCH(CodeAccumulateInt)
+  (codes, rows, row_bytes, bits, dim, limbs, w8, nq, w8_stride, acc, acc_stride);
 }
 
 float quantize_weights14(const float* w, std::int64_t n, std::int8_t* limbs) {
-  return HWY_DYNAMIC_DISPATCH(QuantizeWeights14)(w, n, limbs);
+  float scale = 0.0f;
+  HWY_DYNAMIC_DISPATCH(QuantizeRows)(2, w, 1, n, limbs, &scale);
+  return scale;
 }
 
+float quantize_weights8(const float* w, std::int64_t n, std::int8_t* v8) {
+  float scale = 0.0f;
+  HWY_DYNAMIC_DISPATCH(QuantizeRows)(1, w, 1, n, v8, &scale);
+  return scale;
+}
+
+void quantize_rows(int limbs, const float* w, std::int64_t rows, std::int64_t n, std::int8_t* out, float* scales) {
+  HWY_DYNAMIC_DISPATCH(QuantizeRows)(limbs, w, rows, n, out, scales);
+}
+
+namespace {
+// The integer weight of limb-split weights w (n of them) at i.
+std::int32_t limb_weight(const std::int8_t* w, std::int64_t n, int limbs, std::int64_t i) {
+  return limbs == 1 ? std::int32_t{w[i]} : 128 * w[i] + w[n + i];
+}
+}  // namespace
+
 void code_accumulate_int_reference(const std::uint8_t* codes, std::int64_t rows, std::int64_t row_bytes, int bits,
-                                   std::int64_t dim, const std::int8_t* w8, std::int64_t nq, std::int64_t w8_stride,
-                                   std::int32_t* acc, std::int64_t acc_stride) {
+                                   std::int64_t dim, int limbs, const std::int8_t* w8, std::int64_t nq,
+                                   std::int64_t w8_stride, std::int32_t* acc, std::int64_t acc_stride) {
   const Slots sl(bits, dim);
   for (std::int64_t j = 0; j < nq; ++j) {
     const std::int8_t* w = w8 + j * w8_stride;
     for (std::int64_t c = 0; c < dim; ++c) {
       std::int32_t s = 0;
       for (std::int64_t r = 0; r < rows; ++r)
-        s += (128 * w[r] + w[rows + r]) * static_cast<std::int32_t>(packed_code(codes + r * row_bytes, c, bits));
+        s += limb_weight(w, rows, limbs, r) * static_cast<std::int32_t>(packed_code(codes + r * row_bytes, c, bits));
       acc[j * acc_stride + sl.slot(c)] += s;
     }
   }
 }
 
 void code_scores_int_reference(const std::uint8_t* codes, std::int64_t rows, std::int64_t row_bytes, int bits,
-                               std::int64_t dim, const std::int8_t* w8, std::int64_t nq, std::int64_t w8_stride,
-                               std::int32_t* out, std::int64_t out_stride) {
+                               std::int64_t dim, int limbs, const std::int8_t* w8, std::int64_t nq,
+                               std::int64_t w8_stride, std::int32_t* out, std::int64_t out_stride) {
   const Slots sl(bits, dim);
   for (std::int64_t r = 0; r < rows; ++r)
     for (std::int64_t j = 0; j < nq; ++j) {
-      const std::int8_t* hi = w8 + j * w8_stride;
+      const std::int8_t* w = w8 + j * w8_stride;
       std::int32_t s = 0;
-      for (std::int64_t c = 0; c < dim; ++c) {
-        const std::int64_t slot = sl.slot(c);
-        s += (128 * hi[slot] + hi[dim + slot]) * static_cast<std::int32_t>(packed_code(codes + r * row_bytes, c, bits));
-      }
+      for (std::int64_t c = 0; c < dim; ++c)
+        s += limb_weight(w, dim, limbs, sl.slot(c)) *
+             static_cast<std::int32_t>(packed_code(codes + r * row_bytes, c, bits));
       out[j * out_stride + r] = s;
     }
 }

@@ -76,6 +76,8 @@ void code_accumulate(const std::uint8_t* codes, std::int64_t rows, std::int64_t 
 
 // out[c] += bias + acc[sl.slot(c)] for c < sl.dim (acc and out apart).
 void add_slots(const float* acc, const Slots& sl, float bias, float* out);
+// out[c] += bias + scale * acc[sl.slot(c)] for c < sl.dim, from int32 sums.
+void add_slots_int(const std::int32_t* acc, const Slots& sl, float scale, float bias, float* out);
 // out[i] = x[i] - b[idx[i]] for i < n (out may be x).
 void gather_sub(const float* b, const std::int32_t* idx, const float* x, std::int64_t n, float* out);
 // out[i] = a[i] * b[i] for i < n.
@@ -94,23 +96,24 @@ void key_weights(const float* params, const float* q, std::int64_t nq, std::int6
 // = min_i: a[i] = p[i] * delta_i; returns sum_i p[i] * min_i.
 float value_weights(const float* params, const float* p, std::int64_t n, float* a);
 
-// Integer scores (the fixed-point decode path): weights of 14 bits, w =
-// 128 hi + lo with hi in [-64, 63] and lo in [0, 127] (two int8 limbs, so
-// that unsigned-code x signed-byte dot products -- VPDPBUSD, PMADDUBSW,
-// SDOT -- serve them); w8 + j * w8_stride holds hi[dim] then lo[dim], in
-// slot order. out[j * out_stride + r] = sum_slot w_j[slot] * code_r(slot),
-// exact in int32 and identical on every target. Only for layouts where
-// int_dot_layout(bits, dim) (phase-split rows whose runs are multiples of 16
-// bytes); other rows use the reference.
+// Integer scores (the fixed-point decode paths): integer weights of one or
+// two int8 limbs, so that unsigned-code x signed-byte dot products --
+// VPDPBUSD, PMADDUBSW, SDOT -- serve them. With limbs == 1 (int8) w8 + j *
+// w8_stride holds w[dim] in [-127, 127]; with limbs == 2 (int14) it holds hi
+// then lo, w = 128 hi + lo with hi in [-64, 63] and lo in [0, 127]; slot
+// order either way. out[j * out_stride + r] = sum_slot w_j[slot] *
+// code_r(slot), exact in int32 and identical on every target. Only for
+// layouts where int_dot_layout(bits, dim) (phase-split rows whose runs are
+// multiples of 16 bytes); other rows use the reference.
 bool int_dot_layout(int bits, std::int64_t dim);
 void code_scores_int(const std::uint8_t* codes, std::int64_t rows, std::int64_t row_bytes, int bits, std::int64_t dim,
-                     const std::int8_t* w8, std::int64_t nq, std::int64_t w8_stride, std::int32_t* out,
+                     int limbs, const std::int8_t* w8, std::int64_t nq, std::int64_t w8_stride, std::int32_t* out,
                      std::int64_t out_stride);
-// Integer value accumulation: acc[j * acc_stride + slot] += sum_r
-// (128 hi + lo)[r] * code_r(slot), exact, w8 + j * w8_stride holding hi for
-// the rows then lo for the rows.
+// Integer value accumulation: acc[j * acc_stride + slot] += sum_r w_j[r] *
+// code_r(slot), exact, w8 + j * w8_stride holding the rows' weights as
+// above (with two limbs: hi for the rows, then lo for the rows).
 void code_accumulate_int(const std::uint8_t* codes, std::int64_t rows, std::int64_t row_bytes, int bits,
-                         std::int64_t dim, const std::int8_t* w8, std::int64_t nq, std::int64_t w8_stride,
+                         std::int64_t dim, int limbs, const std::int8_t* w8, std::int64_t nq, std::int64_t w8_stride,
                          std::int32_t* acc, std::int64_t acc_stride);
 // The 14-bit fixed-point weights of the int14 path: v_i = round(w_i * 8191
 // / max|w|) (half to even), as two int8 limbs: hi = floor(v / 128) in
@@ -118,12 +121,19 @@ void code_accumulate_int(const std::uint8_t* codes, std::int64_t rows, std::int6
 // for all-zero weights): |w_i - s v_i| <= s / 2 plus one rounding of w_i *
 // 8191 / max|w|. The same result on every target.
 float quantize_weights14(const float* w, std::int64_t n, std::int8_t* limbs);
+// The 8-bit weights of the int8 path: v8_i = round(w_i * 127 / max|w|)
+// (half to even) in [-127, 127]. Returns s = max|w| / 127 (0 for all-zero
+// weights), with the same bound as above for s. The same on every target.
+float quantize_weights8(const float* w, std::int64_t n, std::int8_t* v8);
+// Both for rows of weights: row j < rows (n weights at w + j * n) to out + j
+// * limbs * n (limbs 1: int8, 2: int14), its scale to scales[j].
+void quantize_rows(int limbs, const float* w, std::int64_t rows, std::int64_t n, std::int8_t* out, float* scales);
 void code_accumulate_int_reference(const std::uint8_t* codes, std::int64_t rows, std::int64_t row_bytes, int bits,
-                                   std::int64_t dim, const std::int8_t* w8, std::int64_t nq, std::int64_t w8_stride,
-                                   std::int32_t* acc, std::int64_t acc_stride);
+                                   std::int64_t dim, int limbs, const std::int8_t* w8, std::int64_t nq,
+                                   std::int64_t w8_stride, std::int32_t* acc, std::int64_t acc_stride);
 void code_scores_int_reference(const std::uint8_t* codes, std::int64_t rows, std::int64_t row_bytes, int bits,
-                               std::int64_t dim, const std::int8_t* w8, std::int64_t nq, std::int64_t w8_stride,
-                               std::int32_t* out, std::int64_t out_stride);
+                               std::int64_t dim, int limbs, const std::int8_t* w8, std::int64_t nq,
+                               std::int64_t w8_stride, std::int32_t* out, std::int64_t out_stride);
 
 // The scalar reference of the two code kernels (the contract every target and
 // the CUDA kernels are tested against).

@@ -1,0 +1,113 @@
+// The HEX decode kernels alone, on one thread, over one block that stays in
+// the L1/L2 caches: what each multiply-add path costs per code, apart from
+// memory. Shapes are the decode benchmark's: 96 rows (a block), head dim 128.
+//
+//  kernel/scores/<dot>/<bits>/<group>: code_scores (float32) or
+//    code_scores_int (int14: two limbs, int8: one) for a GQA group.
+//  kernel/accumulate/<dot>/<bits>/<group>: code_accumulate(_int) likewise.
+//  kernel/quantize/<dot>: the fixed-point weights of one query's 128 weights.
+// items_per_second counts codes times queries (multiply-adds).
+#include <benchmark/benchmark.h>
+
+#include <cstdint>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "runtime/hex/kernels_cpu.h"
+
+namespace {
+
+namespace d = kvcal::runtime::detail;
+constexpr std::int64_t kRows = 96, kDim = 128;
+
+struct Inputs {
+  std::vector<std::uint8_t> codes;
+  std::vector<float> w;
+  std::vector<std::int8_t> w8;
+  std::int64_t row_bytes;
+  Inputs(int bits, std::int64_t group, std::int64_t n_weights, int limbs) {
+    std::mt19937_64 rng(5);
+    std::uniform_int_distribution<int> byte(0, 255), i8(-64, 63);
+    std::normal_distribution<float> g(0.0f, 1.0f);
+    row_bytes = kDim * bits / 8;
+    codes.resize(static_cast<std::size_t>(kRows * row_bytes));
+    for (auto& c : codes) c = static_cast<std::uint8_t>(byte(rng));
+    w.resize(static_cast<std::size_t>(group * n_weights));
+    for (auto& x : w) x = g(rng);
+    w8.resize(static_cast<std::size_t>(group * n_weights * limbs));
+    for (auto& x : w8) x = static_cast<std::int8_t>(i8(rng));
+  }
+};
+
+int limbs_of(const std::string& dot) { return dot == "int14" ? 2 : 1; }
+
+void scores(benchmark::State& state, const std::string& dot) {
+  const int bits = static_cast<int>(state.range(0));
+  const std::int64_t group = state.range(1);
+  const int limbs = limbs_of(dot);
+  Inputs in(bits, group, kDim, limbs);
+  std::vector<float> out(static_cast<std::size_t>(group * kRows));
+  std::vector<std::int32_t> iout(out.size());
+  for (auto _ : state) {
+    if (dot == "float32")
+      d::code_scores(in.codes.data(), kRows, in.row_bytes, bits, kDim, in.w.data(), group, kDim, out.data(), kRows);
+    else
+      d::code_scores_int(in.codes.data(), kRows, in.row_bytes, bits, kDim, limbs, in.w8.data(), group, limbs * kDim,
+                         iout.data(), kRows);
+    benchmark::DoNotOptimize(out.data());
+    benchmark::DoNotOptimize(iout.data());
+  }
+  state.SetItemsProcessed(state.iterations() * kRows * kDim * group);
+}
+
+void accumulate(benchmark::State& state, const std::string& dot) {
+  const int bits = static_cast<int>(state.range(0));
+  const std::int64_t group = state.range(1);
+  const int limbs = limbs_of(dot);
+  Inputs in(bits, group, kRows, limbs);
+  std::vector<float> acc(static_cast<std::size_t>(group * kDim));
+  std::vector<std::int32_t> iacc(acc.size());
+  for (auto _ : state) {
+    if (dot == "float32")
+      d::code_accumulate(in.codes.data(), kRows, in.row_bytes, bits, kDim, in.w.data(), group, kRows, acc.data(), kDim);
+    else
+      d::code_accumulate_int(in.codes.data(), kRows, in.row_bytes, bits, kDim, limbs, in.w8.data(), group,
+                             limbs * kRows, iacc.data(), kDim);
+    benchmark::DoNotOptimize(acc.data());
+    benchmark::DoNotOptimize(iacc.data());
+  }
+  state.SetItemsProcessed(state.iterations() * kRows * kDim * group);
+}
+
+void quantize(benchmark::State& state, const std::string& dot) {
+  Inputs in(4, 1, kDim, 2);
+  std::vector<std::int8_t> w8(static_cast<std::size_t>(2 * kDim));
+  for (auto _ : state) {
+    const float s = dot == "int14" ? d::quantize_weights14(in.w.data(), kDim, w8.data())
+                                   : d::quantize_weights8(in.w.data(), kDim, w8.data());
+    benchmark::DoNotOptimize(s);
+    benchmark::DoNotOptimize(w8.data());
+  }
+  state.SetItemsProcessed(state.iterations() * kDim);
+}
+
+int register_all() {
+  benchmark::AddCustomContext("simd_target", d::kernel_target());
+  for (const char* dot : {"float32", "int14", "int8"}) {
+    const std::string s(dot);
+    using Fn = void (*)(benchmark::State&, const std::string&);
+    for (const auto& [name, fn] : {std::pair<const char*, Fn>{"scores", scores}, {"accumulate", accumulate}}) {
+      auto* b = benchmark::RegisterBenchmark(("kernel/" + std::string(name) + "/" + s).c_str(), fn, s);
+      for (const int bits : {4, 2})
+        for (const int group : {1, 4}) b->Args({bits, group});
+    }
+    if (s != "float32") benchmark::RegisterBenchmark(("kernel/quantize/" + s).c_str(), quantize, s);
+  }
+  return 0;
+}
+const int registered = register_all();
+
+}  // namespace
+
+BENCHMARK_MAIN();
