@@ -6,6 +6,8 @@
 //    code_scores_int (int14: two limbs, int8: one) for a GQA group.
 //  kernel/accumulate/<dot>/<bits>/<group>: code_accumulate(_int) likewise.
 //  kernel/quantize/<dot>: the fixed-point weights of one query's 128 weights.
+//  kernel/widen3: a block's 3-bit rows widened to 4 bits, which the integer
+//    kernels then read (their 3-bit figures include this step).
 // items_per_second counts codes times queries (multiply-adds).
 #include <benchmark/benchmark.h>
 
@@ -38,6 +40,17 @@ struct Inputs {
     w8.resize(static_cast<std::size_t>(group * n_weights * limbs));
     for (auto& x : w8) x = static_cast<std::int8_t>(i8(rng));
   }
+  // The rows the integer kernels read: 3-bit rows widened to 4 bits first,
+  // inside the timed loop, as the decode does per block.
+  std::vector<std::uint8_t> wide;
+  const std::uint8_t* int_codes(int bits) {
+    if (bits != 3) return codes.data();
+    wide.resize(static_cast<std::size_t>(kRows * kDim / 2));
+    d::widen_codes3(codes.data(), kRows, kDim, wide.data());
+    return wide.data();
+  }
+  static std::int64_t int_row_bytes(int bits) { return kDim * (bits == 3 ? 4 : bits) / 8; }
+  static int int_bits(int bits) { return bits == 3 ? 4 : bits; }
 };
 
 int limbs_of(const std::string& dot) { return dot == "int14" ? 2 : 1; }
@@ -53,8 +66,8 @@ void scores(benchmark::State& state, const std::string& dot) {
     if (dot == "float32")
       d::code_scores(in.codes.data(), kRows, in.row_bytes, bits, kDim, in.w.data(), group, kDim, out.data(), kRows);
     else
-      d::code_scores_int(in.codes.data(), kRows, in.row_bytes, bits, kDim, limbs, in.w8.data(), group, limbs * kDim,
-                         iout.data(), kRows);
+      d::code_scores_int(in.int_codes(bits), kRows, in.int_row_bytes(bits), in.int_bits(bits), kDim, limbs,
+                         in.w8.data(), group, limbs * kDim, iout.data(), kRows);
     benchmark::DoNotOptimize(out.data());
     benchmark::DoNotOptimize(iout.data());
   }
@@ -72,12 +85,23 @@ void accumulate(benchmark::State& state, const std::string& dot) {
     if (dot == "float32")
       d::code_accumulate(in.codes.data(), kRows, in.row_bytes, bits, kDim, in.w.data(), group, kRows, acc.data(), kDim);
     else
-      d::code_accumulate_int(in.codes.data(), kRows, in.row_bytes, bits, kDim, limbs, in.w8.data(), group,
-                             limbs * kRows, iacc.data(), kDim);
+      d::code_accumulate_int(in.int_codes(bits), kRows, in.int_row_bytes(bits), in.int_bits(bits), kDim, limbs,
+                             in.w8.data(), group, limbs * kRows, iacc.data(), kDim);
     benchmark::DoNotOptimize(acc.data());
     benchmark::DoNotOptimize(iacc.data());
   }
   state.SetItemsProcessed(state.iterations() * kRows * kDim * group);
+}
+
+// 3-bit rows widened to 4 bits (what the integer kernels read for 3 bits).
+void widen3(benchmark::State& state) {
+  Inputs in(3, 1, kDim, 1);
+  std::vector<std::uint8_t> wide(static_cast<std::size_t>(kRows * kDim / 2));
+  for (auto _ : state) {
+    d::widen_codes3(in.codes.data(), kRows, kDim, wide.data());
+    benchmark::DoNotOptimize(wide.data());
+  }
+  state.SetItemsProcessed(state.iterations() * kRows * kDim);
 }
 
 void quantize(benchmark::State& state, const std::string& dot) {
@@ -99,11 +123,12 @@ int register_all() {
     using Fn = void (*)(benchmark::State&, const std::string&);
     for (const auto& [name, fn] : {std::pair<const char*, Fn>{"scores", scores}, {"accumulate", accumulate}}) {
       auto* b = benchmark::RegisterBenchmark(("kernel/" + std::string(name) + "/" + s).c_str(), fn, s);
-      for (const int bits : {4, 2})
+      for (const int bits : {4, 3, 2})
         for (const int group : {1, 4}) b->Args({bits, group});
     }
     if (s != "float32") benchmark::RegisterBenchmark(("kernel/quantize/" + s).c_str(), quantize, s);
   }
+  benchmark::RegisterBenchmark("kernel/widen3", widen3);
   return 0;
 }
 const int registered = register_all();

@@ -288,7 +288,7 @@ def test_compressed_attention_equals_numpy_on_the_decoded_cache(method):
     assert c.bytes() < c.fp16_bytes()
 
 
-@pytest.mark.parametrize("method", ["kcvt4", "hex4", "hex2"])
+@pytest.mark.parametrize("method", ["kcvt4", "kcvt3", "hex4", "hex2"])
 @pytest.mark.parametrize("dot,levels,practical", [("int14", 8191, 0.01), ("int8", 127, 0.5)])
 def test_integer_decode_is_the_float_decode_within_its_bound(method, dot, levels, practical):
     rng = np.random.default_rng(4)

@@ -340,7 +340,7 @@ TEST(HexKernels, IntegerCodeKernelsEqualReferenceExactly) {
     std::uniform_int_distribution<int> byte(0, 255), hi(-64, 63), lo(0, 127), w8(-127, 127);
     for (const int limbs : {1, 2})
       for (const i64 dim : {16, 32, 64, 96, 128, 192, 256, 12, 130})
-        for (const int bits : {2, 4})
+        for (const int bits : {2, 3, 4})  // 3: the reference (the decode widens 3-bit rows first)
           for (const i64 nq : {1, 2, 3, 4, 5})
             for (const i64 rows : {1, 3, 4, 5, 7, 33, 96}) {
               SCOPED_TRACE("limbs " + std::to_string(limbs) + " dim " + std::to_string(dim) + " bits " +
@@ -407,6 +407,30 @@ TEST(HexKernels, IntegerCodeKernelsEqualReferenceExactly) {
                                                acc0[static_cast<std::size_t>(j * cs + c)]),
                             facc[static_cast<std::size_t>(j * dim + c)]);
             }
+  });
+}
+
+// 3-bit rows widened to 4 bits for the integer kernels: every code of every
+// row, bit by bit, from buffers of exactly the rows' size (a read past the
+// end is an error under the sanitizers and valgrind).
+TEST(HexKernels, WidenCodes3KeepsEveryCode) {
+  on_every_target([] {
+    std::mt19937_64 rng(0x33746f34);
+    std::uniform_int_distribution<int> byte(0, 255);
+    for (const i64 dim : {8, 16, 24, 32, 64, 128, 136, 256})
+      for (const i64 rows : {1, 2, 3, 5, 33, 96}) {
+        SCOPED_TRACE("dim " + std::to_string(dim) + " rows " + std::to_string(rows));
+        std::vector<std::uint8_t> src(static_cast<std::size_t>(rows * dim * 3 / 8));
+        for (auto& b : src) b = static_cast<std::uint8_t>(byte(rng));
+        std::vector<std::uint8_t> wide(static_cast<std::size_t>(rows * dim / 2), 0xa5);
+        widen_codes3(src.data(), rows, dim, wide.data());
+        for (i64 r = 0; r < rows; ++r)
+          for (i64 c = 0; c < dim; ++c)
+            ASSERT_EQ(ref_code(wide.data() + r * dim / 2, c, 4), ref_code(src.data() + r * dim * 3 / 8, c, 3))
+                << "row " << r << " channel " << c;
+      }
+    // The integer kernels take 3-bit rows exactly where they take the widened 4-bit rows.
+    for (const i64 dim : {8, 16, 32, 64, 96, 128, 130, 256}) EXPECT_EQ(int_dot_layout(3, dim), int_dot_layout(4, dim));
   });
 }
 

@@ -52,9 +52,10 @@ enum class HexMode { append, full };
 // (2^bits - 1) * head_dim from the float32 path, an output channel by at
 // most (s / 2) * (2^bits - 1) * (quantized tokens) per block (bounds checked
 // in the tests; kvcal eval-fidelity --methods hex4,hex4@int14,hex4@int8
-// shows the effect on attention). Rows whose layout has no integer kernel (3
-// bits; head dims not a multiple of 32 at 4 bits or 64 at 2 bits) use
-// float32.
+// shows the effect on attention). 3-bit rows are widened to 4 bits per
+// block (one nibble per code) and take the 4-bit kernels. Head dims with no
+// integer kernel (not a multiple of 32 at 3 and 4 bits, of 64 at 2 bits)
+// use float32.
 enum class HexDot { float32, int14, int8 };
 
 struct HexOptions {

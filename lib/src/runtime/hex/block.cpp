@@ -213,6 +213,7 @@ namespace {
 struct Scratch {
   std::vector<float> qd, bias, kmin, params, sparse, qs, acc, base, a, ws, kept, entries, tmp;
   std::vector<std::int8_t> w8;
+  std::vector<std::uint8_t> wide;
   std::vector<std::int32_t> qi;
   template <class T>
   static T* get(std::vector<T>& v, std::int64_t n) {
@@ -224,6 +225,29 @@ thread_local Scratch scratch;
 
 // The int8 limbs per weight of an integer dot product.
 int dot_limbs(HexDot dot) { return dot == HexDot::int8 ? 1 : 2; }
+
+// How the code kernels read a block's packed rows: the integer kernels read
+// 3-bit rows widened to 4 bits (one nibble per code), the rest as stored.
+struct CodeRows {
+  bool int_dot;
+  int bits;
+  Slots slots;
+  CodeRows(const HexBlockView& b, HexDot dot)
+      : int_dot(dot != HexDot::float32 && int_dot_layout(b.bits, b.head_dim)),
+        bits(int_dot && b.bits == 3 ? 4 : b.bits),
+        slots(bits, b.head_dim) {}
+  // The rows of `codes` (b's nqr quantized rows) as the kernels read them,
+  // with their row stride.
+  const std::uint8_t* rows(const HexBlockView& b, const std::uint8_t* codes, std::int64_t nqr,
+                           std::int64_t& row_bytes) const {
+    row_bytes = b.row_bytes;
+    if (bits == b.bits) return codes;
+    std::uint8_t* wide = Scratch::get(scratch.wide, nqr * b.head_dim / 2);
+    widen_codes3(codes, nqr, b.head_dim, wide);
+    row_bytes = b.head_dim / 2;
+    return wide;
+  }
+};
 
 // Calls f(first, count, quantized_index_of_first) for each run of quantized
 // tokens between the kept ones, and g(t, kept_index) for each kept token, in
@@ -290,7 +314,8 @@ void detail::block_scores(const HexBlockView& b, const float* q, std::int64_t nq
     half_scores(q, nq, q_stride, b.k_kept, b.tokens, d, d, scale, scores, s_stride);
     return;
   }
-  const Slots sl(b.bits, d);
+  const CodeRows cr(b, dot);
+  const Slots& sl = cr.slots;
   Scratch& sc = scratch;
   float* qd = Scratch::get(sc.qd, nq * d);  // [nq][slot]: scale * q_c * delta_c
   float* bias = Scratch::get(sc.bias, nq);  // scale * q . min
@@ -315,14 +340,16 @@ void detail::block_scores(const HexBlockView& b, const float* q, std::int64_t nq
           },
           [](std::int64_t, std::int64_t) {});
     }
-    if (dot != HexDot::float32 && int_dot_layout(b.bits, d)) {
+    if (cr.int_dot) {
       // Fixed-point weights per query, integer dot products, one scaling.
       const int limbs = dot_limbs(dot);
       std::int8_t* w8 = Scratch::get(sc.w8, nq * limbs * d);
       std::int32_t* qi = Scratch::get(sc.qi, nq * nqr);
       float* ws = Scratch::get(sc.ws, nq);
       quantize_rows(limbs, qd, nq, d, w8, ws);
-      code_scores_int(b.k_codes, nqr, b.row_bytes, b.bits, d, limbs, w8, nq, limbs * d, qi, nqr);
+      std::int64_t row_bytes = 0;
+      const std::uint8_t* codes = cr.rows(b, b.k_codes, nqr, row_bytes);
+      code_scores_int(codes, nqr, row_bytes, cr.bits, d, limbs, w8, nq, limbs * d, qi, nqr);
       for (std::int64_t j = 0; j < nq; ++j)
         for (std::int64_t r = 0; r < nqr; ++r) qs[j * nqr + r] = ws[j] * static_cast<float>(qi[j * nqr + r]);
     } else {
@@ -378,7 +405,8 @@ void detail::block_accumulate(const HexBlockView& b, const float* p, std::int64_
     half_accumulate(p, nq, p_stride, b.v_kept, b.tokens, d, d, out, out_stride);
     return;
   }
-  const Slots sl(b.bits, d);
+  const CodeRows cr(b, dot);
+  const Slots& sl = cr.slots;
   Scratch& sc = scratch;
   float* acc = Scratch::get(sc.acc, nq * d);  // [nq][slot]: sum_t p_t delta_t code_tc
   float* base = Scratch::get(sc.base, nq);    // sum_t p_t min_t
@@ -414,14 +442,16 @@ void detail::block_accumulate(const HexBlockView& b, const float* p, std::int64_
       for (std::int64_t k = 0; k < nk; ++k) pk[j * nk + k] = p[j * p_stride + b.kept_index[k]];
     half_accumulate(pk, nq, nk, b.v_kept, nk, d, d, out, out_stride);
   }
-  if (nqr > 0 && dot != HexDot::float32 && int_dot_layout(b.bits, d)) {
+  if (nqr > 0 && cr.int_dot) {
     const int limbs = dot_limbs(dot);
     std::int8_t* w8 = Scratch::get(sc.w8, nq * limbs * nqr);
     std::int32_t* ai = Scratch::get(sc.qi, nq * d);
     float* ws = Scratch::get(sc.ws, nq);
     quantize_rows(limbs, a, nq, nqr, w8, ws);
     std::fill(ai, ai + nq * d, 0);
-    code_accumulate_int(b.v_codes, nqr, b.row_bytes, b.bits, d, limbs, w8, nq, limbs * nqr, ai, d);
+    std::int64_t row_bytes = 0;
+    const std::uint8_t* codes = cr.rows(b, b.v_codes, nqr, row_bytes);
+    code_accumulate_int(codes, nqr, row_bytes, cr.bits, d, limbs, w8, nq, limbs * nqr, ai, d);
     for (std::int64_t j = 0; j < nq; ++j) add_slots_int(ai + j * d, sl, ws[j], base[j], out + j * out_stride);
     return;
   }

@@ -813,6 +813,82 @@ HWY_INLINE void WithGroupTag3(std::int64_t run, F f) {
 #endif
 }
 
+// 3-bit codes widened to 4 bits: n groups of three bytes (eight codes, code
+// k at bits 3k) at src to n little-endian 32-bit words at dst (code k in
+// nibble k), i.e. a 3-bit row stream becomes the 4-bit row stream of the same
+// codes. Three shift-mask-merge steps per vector of groups: halves, pairs,
+// codes. The integer kernels then read 3-bit rows as 4-bit rows.
+#if HWY_TARGET != HWY_SCALAR
+template <class VU>
+HWY_INLINE VU Widen3To4(VU x) {
+  const hn::DFromV<VU> du;
+  using T = hn::TFromD<decltype(du)>;
+  x = hn::OrAnd(hn::And(x, hn::Set(du, T{0xfffu})), hn::ShiftLeft<4>(x), hn::Set(du, T{0x0fff0000u}));
+  x = hn::OrAnd(hn::And(x, hn::Set(du, T{0x003f003fu})), hn::ShiftLeft<2>(x), hn::Set(du, T{0x3f003f00u}));
+  return hn::OrAnd(hn::And(x, hn::Set(du, T{0x07070707u})), hn::ShiftLeft<1>(x), hn::Set(du, T{0x70707070u}));
+}
+#endif
+
+HWY_INLINE std::uint32_t Widen3To4Scalar(std::uint32_t x) {
+  x = (x & 0xfffu) | ((x << 4) & 0x0fff0000u);
+  x = (x & 0x003f003fu) | ((x << 2) & 0x3f003f00u);
+  return (x & 0x07070707u) | ((x << 1) & 0x70707070u);
+}
+
+void WidenCodes3(const std::uint8_t* src, std::int64_t n, std::uint8_t* dst) {
+  std::int64_t g = 0;
+#if HWY_TARGET == HWY_AVX3_DL
+  // VBMI (in Highway's AVX3_DL attributes, not in its 1.0.3 API): one byte
+  // permute gives each 64-bit lane two groups (six bytes, codes 0-15 at bit
+  // 3k), and VPMULTISHIFTQB moves each output byte's two codes into place:
+  // byte m takes bits [6m, 6m + 8) for its low nibble (code 2m) and bits
+  // [6m - 1, 6m + 7) (rotating) for its high one (code 2m + 1). Masked loads
+  // and stores: no tail, no read past the end.
+  {
+    alignas(64) std::uint32_t perm[16];
+    alignas(64) std::uint8_t lo[64], hi[64];
+    for (int w = 0; w < 16; ++w) perm[w] = static_cast<std::uint32_t>(w / 4 * 3 + (w % 4 + 1) / 2);
+    for (int i = 0; i < 64; ++i) {
+      const int lane = i / 8, m = i % 8, at = lane % 2 ? 16 : 0;  // odd lanes: bytes 2-7
+      lo[i] = static_cast<std::uint8_t>((at + 6 * m) % 64);
+      hi[i] = static_cast<std::uint8_t>((at + 6 * m + 63) % 64);
+    }
+    const __m512i vperm = _mm512_load_si512(perm), vlo = _mm512_load_si512(lo), vhi = _mm512_load_si512(hi);
+    const __m512i low3 = _mm512_set1_epi8(0x07), high3 = _mm512_set1_epi8(0x70);
+    for (; g < n; g += 16) {
+      const std::int64_t k = std::min<std::int64_t>(16, n - g);
+      __builtin_prefetch(src + 3 * g + 1024, 0, 3);  // the block streams from memory: keep it ahead
+      const __mmask64 in = k == 16 ? 0xffffffffffffull : (1ull << (3 * k)) - 1;
+      const __mmask64 out = k == 16 ? ~0ull : (1ull << (4 * k)) - 1;
+      const __m512i x = _mm512_permutexvar_epi32(vperm, _mm512_maskz_loadu_epi8(in, src + 3 * g));
+      const __m512i y = _mm512_ternarylogic_epi32(_mm512_multishift_epi64_epi8(vlo, x), low3,
+                                                  _mm512_and_si512(_mm512_multishift_epi64_epi8(vhi, x), high3),
+                                                  0xea);  // (a & b) | c
+      _mm512_mask_storeu_epi8(dst + 4 * g, out, y);
+    }
+  }
+#elif HWY_TARGET != HWY_SCALAR
+  WithGroupTag3(n, [&](auto d) {
+    const hn::RebindToUnsigned<decltype(d)> du;
+    const auto N = static_cast<std::int64_t>(hn::Lanes(d));
+    const auto perm = hn::IndicesFromVec(du, GroupPermutation3(d));
+    const auto shuffle = GroupShuffle3(d);
+    // A vector of N groups loads 4N bytes for its 3N: stop where that would
+    // pass the end; the rest go one by one.
+    for (; 3 * g + 4 * N <= 3 * n; g += N) {
+      __builtin_prefetch(src + 3 * g + 1024, 0, 3);  // the block streams from memory: keep it ahead
+      const auto x = LoadGroups3(d, src + 3 * g, perm, shuffle);
+      hn::StoreU(hn::BitCast(hn::Repartition<std::uint8_t, decltype(du)>(), Widen3To4(x)),
+                 hn::Repartition<std::uint8_t, decltype(du)>(), dst + 4 * g);
+    }
+  });
+#endif
+  for (; g < n; ++g) {
+    const std::uint32_t y = Widen3To4Scalar(Group3(src, g));
+    for (int m = 0; m < 4; ++m) dst[4 * g + m] = static_cast<std::uint8_t>(y >> (8 * m));
+  }
+}
+
 // Calls f(std::integral_constant<int, kQ>(), j) for queries j .. j + kQ - 1,
 // four at a time (a GQA group of 4 in one pass; the accumulators of larger
 // groups would not stay in registers).
@@ -1733,7 +1809,7 @@ void CodeScoresInt(const std::uint8_t* codes, std::int64_t rows, std::int64_t ro
   const Slots sl(bits, dim);
 #if HWY_TARGET != HWY_SCALAR
   const int per = static_cast<int>(sl.per);
-  if (WithIntVector(sl.run, limbs, [&](auto d8, auto kl) {
+  if ((per == 2 || per == 4) && WithIntVector(sl.run, limbs, [&](auto d8, auto kl) {
         ScoresIntPer<decltype(kl)::value>(d8, per, codes, rows, row_bytes, sl.run, dim, w8, nq, w8_stride, out,
                                           out_stride);
       }))
@@ -1748,7 +1824,7 @@ void CodeAccumulateInt(const std::uint8_t* codes, std::int64_t rows, std::int64_
   const Slots sl(bits, dim);
 #if HWY_TARGET != HWY_SCALAR
   const int per = static_cast<int>(sl.per);
-  if (WithIntVector(sl.run, limbs, [&](auto d8, auto kl) {
+  if ((per == 2 || per == 4) && WithIntVector(sl.run, limbs, [&](auto d8, auto kl) {
         AccumulateIntPer<decltype(kl)::value>(d8, per, codes, rows, row_bytes, sl.run, w8, nq, w8_stride, acc,
                                               acc_stride);
       }))
@@ -1843,6 +1919,7 @@ HWY_EXPORT(CodeScores);
 HWY_EXPORT(CodeAccumulate);
 HWY_EXPORT(CodeScoresInt);
 HWY_EXPORT(CodeAccumulateInt);
+HWY_EXPORT(WidenCodes3);
 HWY_EXPORT(QuantizeRows);
 HWY_EXPORT(AddSlots);
 HWY_EXPORT(AddSlotsInt);
@@ -1919,8 +1996,13 @@ float value_weights(const float* params, const float* p, std::int64_t n, float* 
 }
 
 bool int_dot_layout(int bits, std::int64_t dim) {
+  if (bits == 3) return int_dot_layout(4, dim);  // widened first (widen_codes3)
   const Slots sl(bits, dim);
   return (bits == 2 || bits == 4) && sl.per > 1 && sl.run % 16 == 0;
+}
+
+void widen_codes3(const std::uint8_t* codes, std::int64_t rows, std::int64_t dim, std::uint8_t* out) {
+  HWY_DYNAMIC_DISPATCH(WidenCodes3)(codes, rows * dim / 8, out);
 }
 
 void code_scores_int(const std::uint8_t* codes, std::int64_t rows, std::int64_t row_bytes, int bits, std::int64_t dim,

@@ -104,8 +104,14 @@ float value_weights(const float* params, const float* p, std::int64_t n, float* 
 // order either way. out[j * out_stride + r] = sum_slot w_j[slot] *
 // code_r(slot), exact in int32 and identical on every target. Only for
 // layouts where int_dot_layout(bits, dim) (phase-split rows whose runs are
-// multiples of 16 bytes); other rows use the reference.
+// multiples of 16 bytes); other rows use the reference. For 3 bits it says
+// whether the rows, widened by widen_codes3, are such 4-bit rows.
 bool int_dot_layout(int bits, std::int64_t dim);
+// 3-bit rows (dim % 8 == 0, so rows are contiguous: 3 dim / 8 bytes each)
+// widened to the 4-bit rows of the same codes (dim / 2 bytes each, row r at
+// out + r * dim / 2): every code in its own nibble. The integer kernels read
+// 3-bit blocks this way, with weights in the 4-bit slot order.
+void widen_codes3(const std::uint8_t* codes, std::int64_t rows, std::int64_t dim, std::uint8_t* out);
 void code_scores_int(const std::uint8_t* codes, std::int64_t rows, std::int64_t row_bytes, int bits, std::int64_t dim,
                      int limbs, const std::int8_t* w8, std::int64_t nq, std::int64_t w8_stride, std::int32_t* out,
                      std::int64_t out_stride);
