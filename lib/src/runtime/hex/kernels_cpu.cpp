@@ -838,12 +838,13 @@ HWY_INLINE std::uint32_t Widen3To4Scalar(std::uint32_t x) {
 void WidenCodes3(const std::uint8_t* src, std::int64_t n, std::uint8_t* dst) {
   std::int64_t g = 0;
 #if HWY_TARGET == HWY_AVX3_DL
-  // VBMI (in Highway's AVX3_DL attributes, not in its 1.0.3 API): one byte
-  // permute gives each 64-bit lane two groups (six bytes, codes 0-15 at bit
-  // 3k), and VPMULTISHIFTQB moves each output byte's two codes into place:
-  // byte m takes bits [6m, 6m + 8) for its low nibble (code 2m) and bits
-  // [6m - 1, 6m + 7) (rotating) for its high one (code 2m + 1). Masked loads
-  // and stores: no tail, no read past the end.
+  // VBMI (in Highway's AVX3_DL attributes, not in its 1.0.3 API): one 32-bit
+  // permute gives each 64-bit lane two groups (six bytes from bit a = 0 in
+  // even lanes, 16 in odd ones; code k at bit a + 3k), and VPMULTISHIFTQB
+  // moves each output byte's two codes into place: byte m takes bits
+  // [a + 6m, a + 6m + 8) for its low nibble (code 2m) and, rotating, bits
+  // [a + 6m - 1, a + 6m + 7) for its high one (code 2m + 1). Masked loads and
+  // stores: no tail, no read past the end.
   {
     alignas(64) std::uint32_t perm[16];
     alignas(64) std::uint8_t lo[64], hi[64];
