@@ -177,8 +177,9 @@ TEST(HexKernels, AddSlotsIsExact) {
   });
 }
 
-// The expander entries' elementwise kernels: exact (one rounding each).
-TEST(HexKernels, EntryKernelsAreExact) {
+// The expander entries' kernels: gather_sub and group_sub exact, group_axpy
+// and entry_scores within their roundings.
+TEST(HexKernels, EntryKernelsMatchReference) {
   on_every_target([] {
     std::mt19937_64 rng(0x656e7472);
     std::normal_distribution<float> g(0.0f, 1.0f);
@@ -196,10 +197,36 @@ TEST(HexKernels, EntryKernelsAreExact) {
       auto x2 = x;
       gather_sub(b.data(), idx.data(), x2.data(), n, x2.data());  // in place
       for (i64 i = 0; i < n; ++i) ASSERT_EQ(x2[n_(i)], y[n_(i)]);
-      std::vector<float> z(n_(n) + 1, -3.0f);
-      mul(x.data(), y.data(), n, z.data());
-      for (i64 i = 0; i < n; ++i) ASSERT_EQ(z[n_(i)], x[n_(i)] * y[n_(i)]);
-      ASSERT_EQ(z[n_(n)], -3.0f);
+      for (const i64 grp : {1, 2, 3, 4, 5, 8, 12}) {
+        SCOPED_TRACE("entries per token " + std::to_string(grp));
+        std::vector<float> a(n_(n * grp)), xs(n_(n * grp)), base(n_(n)), z(n_(n) + 1, -3.0f);
+        for (auto& v : a) v = g(rng);
+        for (auto& v : xs) v = g(rng);
+        for (auto& v : base) v = g(rng);
+        const float bias = g(rng);
+        entry_scores(a.data(), xs.data(), n, grp, bias, base.data(), z.data());
+        for (i64 i = 0; i < n; ++i) {
+          // Against a double sum: one rounding per term at most (fused or
+          // not), each bounded by the running sum's magnitude.
+          double want = static_cast<double>(bias) + base[n_(i)], mag = std::fabs(bias) + std::fabs(base[n_(i)]);
+          for (i64 e = 0; e < grp; ++e) {
+            want += static_cast<double>(a[n_(i * grp + e)]) * xs[n_(i * grp + e)];
+            mag += std::fabs(static_cast<double>(a[n_(i * grp + e)]) * xs[n_(i * grp + e)]);
+          }
+          ASSERT_NEAR(z[n_(i)], want, 1.2e-7 * static_cast<double>(2 * grp + 2) * mag) << i;
+        }
+        ASSERT_EQ(z[n_(n)], -3.0f);
+        // group_sub: exact, one subtraction per entry, m read with a stride.
+        std::vector<float> m(n_(2 * n + 1)), xg(n_(n * grp) + 1);
+        for (auto& v : m) v = g(rng);
+        for (auto& v : xg) v = g(rng);
+        const auto xg0 = xg;
+        group_sub(m.data() + 1, 2, n, grp, xg.data());
+        for (i64 i = 0; i < n; ++i)
+          for (i64 e = 0; e < grp; ++e)
+            ASSERT_EQ(xg[n_(i * grp + e)], xg0[n_(i * grp + e)] - m[n_(2 * i + 1)]) << i << " " << e;
+        ASSERT_EQ(xg[n_(n * grp)], xg0[n_(n * grp)]);
+      }
       for (const i64 grp : {1, 3, 4, 8}) {
         std::vector<float> p(n_(n)), xs(n_(n * grp)), ys(n_(n * grp) + 1);
         for (auto& v : p) v = g(rng);

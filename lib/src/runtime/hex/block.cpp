@@ -211,7 +211,7 @@ namespace {
 
 // Per-thread scratch of the decode paths (no allocation per block).
 struct Scratch {
-  std::vector<float> qd, bias, kmin, params, sparse, qs, acc, base, a, ws, kept, entries, tmp;
+  std::vector<float> qd, bias, kmin, params, sparse, qs, acc, base, a, ws, kept, tmp;
   std::vector<std::int8_t> w8;
   std::vector<std::uint8_t> wide;
   std::vector<std::int32_t> qi;
@@ -356,7 +356,6 @@ void detail::block_scores(const HexBlockView& b, const float* q, std::int64_t nq
       code_scores(b.k_codes, nqr, b.row_bytes, b.bits, d, qd, nq, d, qs, nqr);
     }
   }
-  float* entries = Scratch::get(sc.entries, nqr * d1);  // one query's entry terms, [quantized row][d1]
   const float* qk = d1 > 0 && nqr > 0 ? ke.prepare(b.mask_indices, d1, b.tokens, q, nq, q_stride, scale) : nullptr;
   for (std::int64_t j = 0; j < nq; ++j)
     walk_tokens(
@@ -369,13 +368,7 @@ void detail::block_scores(const HexBlockView& b, const float* q, std::int64_t nq
             for (std::int64_t i = 0; i < n; ++i) sj[i] = bj + qsj[i];
             return;
           }
-          float* ej = entries + qr0 * d1;
-          mul(qk + j * ke.rows * d1 + t0 * d1, sparse + qr0 * d1, n * d1, ej);
-          for (std::int64_t i = 0; i < n; ++i) {
-            float s = bj + qsj[i];
-            for (std::int64_t e = 0; e < d1; ++e) s += ej[i * d1 + e];
-            sj[i] = s;
-          }
+          entry_scores(qk + j * ke.rows * d1 + t0 * d1, sparse + qr0 * d1, n, d1, bj, qsj, sj);
         },
         [](std::int64_t, std::int64_t) {});
   // Kept tokens: their fp16 rows in one pass, then each score to its place.
@@ -420,8 +413,7 @@ void detail::block_accumulate(const HexBlockView& b, const float* p, std::int64_
   float* sums = nullptr;
   if (d1 > 0 && nqr > 0) {
     halves_to_floats(b.v_sparse, nqr * d1, sparse);
-    for (std::int64_t r = 0; r < nqr; ++r)
-      for (std::int64_t e = 0; e < d1; ++e) sparse[r * d1 + e] -= params[2 * r + 1];
+    group_sub(params + 1, 2, nqr, d1, sparse);
     sums = ve.prepare(b.mask_indices, d1, b.tokens, nq, out, out_stride);
   }
   walk_tokens(

@@ -1153,15 +1153,91 @@ void GatherSub(const float* b, const std::int32_t* idx, const float* x, std::int
   for (; i < n; ++i) out[i] = x[i] - b[idx[i]];
 }
 
-// out[i] = a[i] * b[i].
-void MulF(const float* a, const float* b, std::int64_t n, float* out) {
+// out[i] = bias + base[i] + sum_{e < g} a[i * g + e] * x[i * g + e]: each
+// token's products added to its running sum in entry order (one fused
+// multiply-add each). Tokens in vectors where g <= 4 (deinterleaving loads
+// give entry e of N tokens in one vector); wider groups a token at a time in
+// 4-lane vectors, the lanes summed at the end.
+void EntryScores(const float* a, const float* x, std::int64_t n, std::int64_t g, float bias, const float* base,
+                 float* out) {
   std::int64_t i = 0;
 #if HWY_TARGET != HWY_SCALAR
   const DF df;
   const auto N = static_cast<std::int64_t>(hn::Lanes(df));
-  for (; i + N <= n; i += N) hn::StoreU(hn::Mul(hn::LoadU(df, a + i), hn::LoadU(df, b + i)), df, out + i);
+  const auto vb = hn::Set(df, bias);
+  const auto start = [&](std::int64_t t) { return hn::Add(vb, hn::LoadU(df, base + t)); };
+  switch (g) {
+    case 1:
+      for (; i + N <= n; i += N)
+        hn::StoreU(hn::MulAdd(hn::LoadU(df, a + i), hn::LoadU(df, x + i), start(i)), df, out + i);
+      break;
+    case 2:
+      for (; i + N <= n; i += N) {
+        hn::Vec<DF> a0, a1, x0, x1;
+        hn::LoadInterleaved2(df, a + 2 * i, a0, a1);
+        hn::LoadInterleaved2(df, x + 2 * i, x0, x1);
+        hn::StoreU(hn::MulAdd(a1, x1, hn::MulAdd(a0, x0, start(i))), df, out + i);
+      }
+      break;
+    case 3:
+      for (; i + N <= n; i += N) {
+        hn::Vec<DF> a0, a1, a2, x0, x1, x2;
+        hn::LoadInterleaved3(df, a + 3 * i, a0, a1, a2);
+        hn::LoadInterleaved3(df, x + 3 * i, x0, x1, x2);
+        hn::StoreU(hn::MulAdd(a2, x2, hn::MulAdd(a1, x1, hn::MulAdd(a0, x0, start(i)))), df, out + i);
+      }
+      break;
+    case 4:
+      for (; i + N <= n; i += N) {
+        hn::Vec<DF> a0, a1, a2, a3, x0, x1, x2, x3;
+        hn::LoadInterleaved4(df, a + 4 * i, a0, a1, a2, a3);
+        hn::LoadInterleaved4(df, x + 4 * i, x0, x1, x2, x3);
+        const auto s = hn::MulAdd(a1, x1, hn::MulAdd(a0, x0, start(i)));
+        hn::StoreU(hn::MulAdd(a3, x3, hn::MulAdd(a2, x2, s)), df, out + i);
+      }
+      break;
+    default: {
+      const hn::CappedTag<float, 4> d4;
+      if (hn::Lanes(d4) != 4) break;
+      for (; i < n; ++i) {
+        const float* ai = a + i * g;
+        const float* xi = x + i * g;
+        auto s = hn::Zero(d4);
+        std::int64_t e = 0;
+        for (; e + 4 <= g; e += 4) s = hn::MulAdd(hn::LoadU(d4, ai + e), hn::LoadU(d4, xi + e), s);
+        float t = bias + base[i] + hn::GetLane(hn::SumOfLanes(d4, s));
+        for (; e < g; ++e) t = std::fma(ai[e], xi[e], t);
+        out[i] = t;
+      }
+    }
+  }
 #endif
-  for (; i < n; ++i) out[i] = a[i] * b[i];
+  for (; i < n; ++i) {
+    float t = bias + base[i];
+    for (std::int64_t e = 0; e < g; ++e) t = std::fma(a[i * g + e], x[i * g + e], t);
+    out[i] = t;
+  }
+}
+
+// x[i * g + e] -= m[i * m_stride] for i < n, e < g: four lanes per step (one
+// broadcast) where g is a multiple of 4.
+void GroupSub(const float* m, std::int64_t m_stride, std::int64_t n, std::int64_t g, float* x) {
+  std::int64_t i = 0;
+#if HWY_TARGET != HWY_SCALAR
+  if (g % 4 == 0) {
+    const hn::CappedTag<float, 4> d4;
+    if (hn::Lanes(d4) == 4) {
+      for (; i < n; ++i) {
+        const auto v = hn::Set(d4, m[i * m_stride]);
+        for (std::int64_t e = 0; e < g; e += 4)
+          hn::StoreU(hn::Sub(hn::LoadU(d4, x + i * g + e), v), d4, x + i * g + e);
+      }
+      return;
+    }
+  }
+#endif
+  for (; i < n; ++i)
+    for (std::int64_t e = 0; e < g; ++e) x[i * g + e] -= m[i * m_stride];
 }
 
 // y[i * g + e] += p[i] * x[i * g + e] for i < n, e < g: four lanes per step
@@ -1926,7 +2002,8 @@ HWY_EXPORT(AddSlots);
 HWY_EXPORT(AddSlotsInt);
 HWY_EXPORT(KeyWeights);
 HWY_EXPORT(GatherSub);
-HWY_EXPORT(MulF);
+HWY_EXPORT(EntryScores);
+HWY_EXPORT(GroupSub);
 HWY_EXPORT(GroupAxpy);
 HWY_EXPORT(ValueWeights);
 
@@ -1988,7 +2065,13 @@ void key_weights(const float* params, const float* q, std::int64_t nq, std::int6
 void gather_sub(const float* b, const std::int32_t* idx, const float* x, std::int64_t n, float* out) {
   HWY_DYNAMIC_DISPATCH(GatherSub)(b, idx, x, n, out);
 }
-void mul(const float* a, const float* b, std::int64_t n, float* out) { HWY_DYNAMIC_DISPATCH(MulF)(a, b, n, out); }
+void entry_scores(const float* a, const float* x, std::int64_t n, std::int64_t g, float bias, const float* base,
+                  float* out) {
+  HWY_DYNAMIC_DISPATCH(EntryScores)(a, x, n, g, bias, base, out);
+}
+void group_sub(const float* m, std::int64_t m_stride, std::int64_t n, std::int64_t g, float* x) {
+  HWY_DYNAMIC_DISPATCH(GroupSub)(m, m_stride, n, g, x);
+}
 void group_axpy(const float* p, std::int64_t n, std::int64_t g, const float* x, float* y) {
   HWY_DYNAMIC_DISPATCH(GroupAxpy)(p, n, g, x, y);
 }

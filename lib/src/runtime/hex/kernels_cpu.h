@@ -80,8 +80,13 @@ void add_slots(const float* acc, const Slots& sl, float bias, float* out);
 void add_slots_int(const std::int32_t* acc, const Slots& sl, float scale, float bias, float* out);
 // out[i] = x[i] - b[idx[i]] for i < n (out may be x).
 void gather_sub(const float* b, const std::int32_t* idx, const float* x, std::int64_t n, float* out);
-// out[i] = a[i] * b[i] for i < n.
-void mul(const float* a, const float* b, std::int64_t n, float* out);
+// The expander entries' part of n tokens' scores, g entries per token:
+//   out[i] = bias + base[i] + sum_{e < g} a[i * g + e] * x[i * g + e]
+// (the products added in entry order, out apart from the inputs).
+void entry_scores(const float* a, const float* x, std::int64_t n, std::int64_t g, float bias, const float* base,
+                  float* out);
+// x[i * g + e] -= m[i * m_stride] for i < n and e < g.
+void group_sub(const float* m, std::int64_t m_stride, std::int64_t n, std::int64_t g, float* x);
 // y[i * g + e] += p[i] * x[i * g + e] for i < n and e < g.
 void group_axpy(const float* p, std::int64_t n, std::int64_t g, const float* x, float* y);
 // The key side of a block for nq queries (q_j at q + j * q_stride), from its
