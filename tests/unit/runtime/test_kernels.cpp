@@ -437,6 +437,46 @@ TEST(HexKernels, IntegerCodeKernelsEqualReferenceExactly) {
   });
 }
 
+// The integer kernels at their extremes: every code at its maximum and every
+// weight at the limit of its limb, so that the kernels' partial sums (int16
+// pair sums on targets without a one-instruction dot product) reach their
+// largest magnitude. Closed forms: sum = code_max * (sum of the weights).
+TEST(HexKernels, IntegerCodeKernelsHoldTheirExtremes) {
+  on_every_target([] {
+    for (const int limbs : {1, 2})
+      for (const int bits : {2, 4})
+        for (const i64 dim : {64, 128, 256, 512})
+          for (const int sign : {-1, 1}) {
+            SCOPED_TRACE("limbs " + std::to_string(limbs) + " bits " + std::to_string(bits) + " dim " +
+                         std::to_string(dim) + " sign " + std::to_string(sign));
+            const i64 rows = 97, nq = 4, rb = dim * bits / 8;
+            const std::int64_t code = (1 << bits) - 1;
+            const std::vector<std::uint8_t> codes(static_cast<std::size_t>(rows * rb), 0xff);
+            // One limb: -128 or 127. Two: hi -64 (lo 0) or hi 63, lo 127.
+            const std::int8_t hi = limbs == 1 ? (sign < 0 ? -128 : 127) : (sign < 0 ? -64 : 63);
+            const std::int8_t lo = sign < 0 ? 0 : 127;
+            const std::int64_t weight = limbs == 1 ? hi : 128 * hi + lo;
+            const auto fill = [&](i64 n, i64 stride) {
+              std::vector<std::int8_t> w(static_cast<std::size_t>(nq * stride));
+              for (i64 j = 0; j < nq; ++j)
+                for (i64 c = 0; c < n; ++c) {
+                  w[static_cast<std::size_t>(j * stride + c)] = hi;
+                  if (limbs == 2) w[static_cast<std::size_t>(j * stride + n + c)] = lo;
+                }
+              return w;
+            };
+            const auto w = fill(dim, limbs * dim);
+            std::vector<std::int32_t> out(static_cast<std::size_t>(nq * rows));
+            code_scores_int(codes.data(), rows, rb, bits, dim, limbs, w.data(), nq, limbs * dim, out.data(), rows);
+            for (const std::int32_t x : out) ASSERT_EQ(x, code * weight * dim);
+            const auto a = fill(rows, limbs * rows);
+            std::vector<std::int32_t> acc(static_cast<std::size_t>(nq * dim), 0);
+            code_accumulate_int(codes.data(), rows, rb, bits, dim, limbs, a.data(), nq, limbs * rows, acc.data(), dim);
+            for (const std::int32_t x : acc) ASSERT_EQ(x, code * weight * rows);
+          }
+  });
+}
+
 // 3-bit rows widened to 4 bits for the integer kernels: every code of every
 // row, bit by bit, from buffers of exactly the rows' size (a read past the
 // end is an error under the sanitizers and valgrind).

@@ -1229,8 +1229,7 @@ void GroupSub(const float* m, std::int64_t m_stride, std::int64_t n, std::int64_
     if (hn::Lanes(d4) == 4) {
       for (; i < n; ++i) {
         const auto v = hn::Set(d4, m[i * m_stride]);
-        for (std::int64_t e = 0; e < g; e += 4)
-          hn::StoreU(hn::Sub(hn::LoadU(d4, x + i * g + e), v), d4, x + i * g + e);
+        for (std::int64_t e = 0; e < g; e += 4) hn::StoreU(hn::Sub(hn::LoadU(d4, x + i * g + e), v), d4, x + i * g + e);
       }
       return;
     }
@@ -1380,44 +1379,96 @@ HWY_INLINE __m128i DotBytesRaw(__m128i acc, __m128i a, __m128i b) {
   return acc;
 }
 #elif HWY_ARCH_X86
-// Pairs to int16 (PMADDUBSW), then pairs of those to int32 (PMADDWD by 1).
+// PMADDUBSW (pairs of products to int16) and PMADDWD by 1 (pairs of int16 to
+// int32).
 #if HWY_TARGET <= HWY_AVX3
-HWY_INLINE __m512i DotBytesRaw(__m512i acc, __m512i a, __m512i b) {
-  return _mm512_add_epi32(acc, _mm512_madd_epi16(_mm512_maddubs_epi16(a, b), _mm512_set1_epi16(1)));
-}
+HWY_INLINE __m512i PairsRaw(__m512i a, __m512i b) { return _mm512_maddubs_epi16(a, b); }
+HWY_INLINE __m512i WidenRaw(__m512i x) { return _mm512_madd_epi16(x, _mm512_set1_epi16(1)); }
 #endif
 #if HWY_TARGET <= HWY_AVX2
-HWY_INLINE __m256i DotBytesRaw(__m256i acc, __m256i a, __m256i b) {
-  return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(a, b), _mm256_set1_epi16(1)));
-}
+HWY_INLINE __m256i PairsRaw(__m256i a, __m256i b) { return _mm256_maddubs_epi16(a, b); }
+HWY_INLINE __m256i WidenRaw(__m256i x) { return _mm256_madd_epi16(x, _mm256_set1_epi16(1)); }
 #endif
-HWY_INLINE __m128i DotBytesRaw(__m128i acc, __m128i a, __m128i b) {
-  return _mm_add_epi32(acc, _mm_madd_epi16(_mm_maddubs_epi16(a, b), _mm_set1_epi16(1)));
-}
+HWY_INLINE __m128i PairsRaw(__m128i a, __m128i b) { return _mm_maddubs_epi16(a, b); }
+HWY_INLINE __m128i WidenRaw(__m128i x) { return _mm_madd_epi16(x, _mm_set1_epi16(1)); }
 #endif
 
+// Products as int16 pair sums, acc16[m] += a[2m] b[2m] + a[2m+1] b[2m+1],
+// widened to int32 later. Where the dot product is not one instruction, the
+// row kernels keep these in their inner loop (PMADDUBSW and an int16 add
+// instead of PMADDUBSW, PMADDWD and an int32 add). Each pair sum is below
+// 2 * 15 * 128 = 3840 in magnitude (codes of at most 4 bits, int8 limbs), so
+// kPairSums of them stay exact in int16.
+constexpr int kPairSums = 8;
+constexpr bool kPairTarget = HWY_TARGET != HWY_AVX3_DL;
+
 template <class D8>
-HWY_INLINE hn::Vec<hn::Repartition<std::int32_t, D8>> DotBytes(D8 d8, hn::Vec<D8> a,
+HWY_INLINE hn::Vec<hn::Repartition<std::int16_t, D8>> DotPairs(D8 d8, hn::Vec<D8> a,
                                                                hn::Vec<hn::Repartition<std::int8_t, D8>> b,
-                                                               hn::Vec<hn::Repartition<std::int32_t, D8>> acc) {
+                                                               hn::Vec<hn::Repartition<std::int16_t, D8>> acc) {
 #if HWY_ARCH_X86
   (void)d8;
-  return decltype(acc){DotBytesRaw(acc.raw, a.raw, b.raw)};
+  return hn::Add(acc, decltype(acc){PairsRaw(a.raw, b.raw)});
 #else
-  // Portable: split bytes into even and odd int16 lanes, multiply, add the
-  // pairs, then split the int16 sums into even and odd int32 lanes.
   const hn::Repartition<std::uint16_t, D8> du16;
   const hn::Repartition<std::int16_t, D8> d16;
-  const hn::Repartition<std::int32_t, D8> d32;
   const auto a16 = hn::BitCast(du16, a);
   const auto a_even = hn::BitCast(d16, hn::And(a16, hn::Set(du16, 0xff)));
   const auto a_odd = hn::BitCast(d16, hn::ShiftRight<8>(a16));
   const auto b16 = hn::BitCast(d16, b);
   const auto b_even = hn::ShiftRight<8>(hn::ShiftLeft<8>(b16));  // arithmetic: sign-extends
   const auto b_odd = hn::ShiftRight<8>(b16);
-  const auto p = hn::BitCast(d32, hn::Add(hn::Mul(a_even, b_even), hn::Mul(a_odd, b_odd)));
-  return hn::Add(acc, hn::Add(hn::ShiftRight<16>(hn::ShiftLeft<16>(p)), hn::ShiftRight<16>(p)));
+  return hn::Add(acc, hn::Add(hn::Mul(a_even, b_even), hn::Mul(a_odd, b_odd)));
 #endif
+}
+
+// acc32[l] += acc16[2l] + acc16[2l + 1].
+template <class D16>
+HWY_INLINE hn::Vec<hn::Repartition<std::int32_t, D16>> WidenPairs(D16, hn::Vec<D16> acc16,
+                                                                  hn::Vec<hn::Repartition<std::int32_t, D16>> acc32) {
+#if HWY_ARCH_X86
+  return hn::Add(acc32, decltype(acc32){WidenRaw(acc16.raw)});
+#else
+  const hn::Repartition<std::int32_t, D16> d32;
+  const auto p = hn::BitCast(d32, acc16);
+  return hn::Add(acc32, hn::Add(hn::ShiftRight<16>(hn::ShiftLeft<16>(p)), hn::ShiftRight<16>(p)));
+#endif
+}
+
+template <class D8>
+HWY_INLINE hn::Vec<hn::Repartition<std::int32_t, D8>> DotBytes(D8 d8, hn::Vec<D8> a,
+                                                               hn::Vec<hn::Repartition<std::int8_t, D8>> b,
+                                                               hn::Vec<hn::Repartition<std::int32_t, D8>> acc) {
+#if HWY_TARGET == HWY_AVX3_DL
+  (void)d8;
+  return decltype(acc){DotBytesRaw(acc.raw, a.raw, b.raw)};
+#else
+  const hn::Repartition<std::int16_t, D8> d16;
+  return WidenPairs(d16, DotPairs(d8, a, b, hn::Zero(d16)), acc);
+#endif
+}
+
+// The accumulator of the row kernels: int16 pair sums (kPairs) or int32.
+template <bool kPairs, class D8>
+using AccTag = std::conditional_t<kPairs, hn::Repartition<std::int16_t, D8>, hn::Repartition<std::int32_t, D8>>;
+
+template <bool kPairs, class D8>
+HWY_INLINE hn::Vec<AccTag<kPairs, D8>> DotAcc(D8 d8, hn::Vec<D8> a, hn::Vec<hn::Repartition<std::int8_t, D8>> b,
+                                              hn::Vec<AccTag<kPairs, D8>> acc) {
+  if constexpr (kPairs)
+    return DotPairs(d8, a, b, acc);
+  else
+    return DotBytes(d8, a, b, acc);
+}
+
+// acc32 plus the sums of acc (as it is where acc is int32).
+template <bool kPairs, class D8>
+HWY_INLINE hn::Vec<hn::Repartition<std::int32_t, D8>> AddAcc(D8, hn::Vec<AccTag<kPairs, D8>> acc,
+                                                             hn::Vec<hn::Repartition<std::int32_t, D8>> acc32) {
+  if constexpr (kPairs)
+    return WidenPairs(AccTag<kPairs, D8>(), acc, acc32);
+  else
+    return hn::Add(acc32, acc);
 }
 
 // Codes of phase k (bits [k * kBits, (k + 1) * kBits) of each byte; the
@@ -1680,33 +1731,44 @@ void AccumulateIntQ(D8 d8, const std::uint8_t* codes, std::int64_t rows, std::in
                                4 * (x / static_cast<std::int64_t>(hn::Lanes(d32))) + x % 4);
   }
 #endif
+  // Rows per int16 accumulation (one pair sum per group of four rows).
+  const std::int64_t span = kPairTarget ? 4 * kPairSums : rows;
+  const AccTag<kPairTarget, D8> da;
   HWY_ALIGN std::uint8_t pad[4 * hn::MaxLanes(d8)];
   for (std::int64_t i = 0; i < run; i += N) {
     for (std::int64_t r = 0; r < std::min(rows, kAhead); ++r) __builtin_prefetch(codes + r * row_bytes + i, 0, 3);
     for (int m0 = 0; m0 < 4; m0 += kM) {
       hn::Vec<decltype(d32)> h[kM * kX], l[kM * kX];  // [transposed vector][query][phase], the limbs
       Unroll<kM * kX>([&](auto x) { h[x] = l[x] = hn::Zero(d32); });
-      for (std::int64_t r = 0; r < rows; r += 4) {
-        if (m0 == 0)  // the first pass streams the rows in; past the end is harmless
-          for (int k = 0; k < 4; ++k) __builtin_prefetch(codes + (r + k + kAhead) * row_bytes + i, 0, 3);
-        std::int64_t stride = row_bytes;
-        const std::uint8_t* base = RowGroup(d8, codes + r * row_bytes + i, r, rows, stride, pad);
-        const auto r0 = hn::LoadU(d8, base), r1 = hn::LoadU(d8, base + stride);
-        const auto r2 = hn::LoadU(d8, base + 2 * stride), r3 = hn::LoadU(d8, base + 3 * stride);
-        Unroll<kM>([&](auto mm) {
-          const auto t = Transpose4<D8>::Apply(d8, r0, r1, r2, r3, m0 + mm);
-          hn::Vec<D8> ph[kPer];
-          Unroll<kPer>([&](auto k) { ph[k] = PhaseBytes<kBits, k>(d8, t); });
-          Unroll<kQ>([&](auto j) {
-            constexpr int x0 = (decltype(mm)::value * kQ + decltype(j)::value) * kPer;
-            const std::int8_t* wj = w8 + j * w8_stride;
-            const auto wh = Weights4(d8, wj, r, rows);
-            Unroll<kPer>([&](auto k) { h[x0 + k] = DotBytes(d8, ph[k], wh, h[x0 + k]); });
-            if constexpr (kL == 2) {
-              const auto wl = Weights4(d8, wj + rows, r, rows);
-              Unroll<kPer>([&](auto k) { l[x0 + k] = DotBytes(d8, ph[k], wl, l[x0 + k]); });
-            }
+      for (std::int64_t r0 = 0; r0 < rows; r0 += span) {
+        hn::Vec<decltype(da)> ha[kM * kX], la[kM * kX];  // the same, for rows r0 .. r0 + span - 1
+        Unroll<kM * kX>([&](auto x) { ha[x] = la[x] = hn::Zero(da); });
+        for (std::int64_t r = r0; r < std::min(rows, r0 + span); r += 4) {
+          if (m0 == 0)  // the first pass streams the rows in; past the end is harmless
+            for (int k = 0; k < 4; ++k) __builtin_prefetch(codes + (r + k + kAhead) * row_bytes + i, 0, 3);
+          std::int64_t stride = row_bytes;
+          const std::uint8_t* base = RowGroup(d8, codes + r * row_bytes + i, r, rows, stride, pad);
+          const auto c0 = hn::LoadU(d8, base), c1 = hn::LoadU(d8, base + stride);
+          const auto c2 = hn::LoadU(d8, base + 2 * stride), c3 = hn::LoadU(d8, base + 3 * stride);
+          Unroll<kM>([&](auto mm) {
+            const auto t = Transpose4<D8>::Apply(d8, c0, c1, c2, c3, m0 + mm);
+            hn::Vec<D8> ph[kPer];
+            Unroll<kPer>([&](auto k) { ph[k] = PhaseBytes<kBits, k>(d8, t); });
+            Unroll<kQ>([&](auto j) {
+              constexpr int x0 = (decltype(mm)::value * kQ + decltype(j)::value) * kPer;
+              const std::int8_t* wj = w8 + j * w8_stride;
+              const auto wh = Weights4(d8, wj, r, rows);
+              Unroll<kPer>([&](auto k) { ha[x0 + k] = DotAcc<kPairTarget>(d8, ph[k], wh, ha[x0 + k]); });
+              if constexpr (kL == 2) {
+                const auto wl = Weights4(d8, wj + rows, r, rows);
+                Unroll<kPer>([&](auto k) { la[x0 + k] = DotAcc<kPairTarget>(d8, ph[k], wl, la[x0 + k]); });
+              }
+            });
           });
+        }
+        Unroll<kM * kX>([&](auto x) {
+          h[x] = AddAcc<kPairTarget>(d8, ha[x], h[x]);
+          if constexpr (kL == 2) l[x] = AddAcc<kPairTarget>(d8, la[x], l[x]);
         });
       }
       Unroll<kM * kX>([&](auto x) {
@@ -1753,9 +1815,10 @@ void AccumulateIntPer(D8 d8, int per, const std::uint8_t* codes, std::int64_t ro
 #if !HWY_HAVE_SCALABLE
 // ScoresInt with kR rows per step unrolled at compile time: the limbs' sums
 // of each row and query merged in registers and reduced four at a time, the
-// weights packed in their order of use. Returns the rows done (a multiple of
-// kR); ScoresInt does the rest.
-template <int kPer, int kQ, int kL, int kR, class D8>
+// weights packed in their order of use; with kPairs, the sums are int16 pair
+// sums until the row's end (at most kPairSums per lane: see ScoresIntGroups).
+// Returns the rows done (a multiple of kR); ScoresInt does the rest.
+template <int kPer, int kQ, int kL, int kR, bool kPairs, class D8>
 KVCAL_FLATTEN std::int64_t ScoresIntRows(D8 d8, const std::uint8_t* codes, std::int64_t rows, std::int64_t row_bytes,
                                          std::int64_t run, std::int64_t dim, const std::int8_t* w8,
                                          std::int64_t w8_stride, std::int32_t* out, std::int64_t out_stride) {
@@ -1772,10 +1835,11 @@ KVCAL_FLATTEN std::int64_t ScoresIntRows(D8 d8, const std::uint8_t* codes, std::
         for (int limb = 0; limb < kL; ++limb)
           hn::Store(hn::LoadU(di8, w8 + j * w8_stride + limb * dim + k * run + i), di8,
                     wp + i * kL * kQ * kPer + ((j * kPer + k) * kL + limb) * N);
+  const AccTag<kPairs, D8> da;
   std::int64_t r = 0;
   for (; r + kR <= rows; r += kR) {
-    hn::Vec<decltype(d32)> h[kA], l[kA];
-    Unroll<kA>([&](auto x) KVCAL_INLINE_LAMBDA { h[x] = l[x] = hn::Zero(d32); });
+    hn::Vec<decltype(da)> h[kA], l[kA];
+    Unroll<kA>([&](auto x) KVCAL_INLINE_LAMBDA { h[x] = l[x] = hn::Zero(da); });
     for (std::int64_t i = 0; i < run; i += N) {
       const std::int8_t* wi = wp + i * kL * kQ * kPer;
       Unroll<kR>([&](auto rr) KVCAL_INLINE_LAMBDA {
@@ -1788,20 +1852,24 @@ KVCAL_FLATTEN std::int64_t ScoresIntRows(D8 d8, const std::uint8_t* codes, std::
           constexpr int x = decltype(rr)::value * kQ + decltype(j)::value;
           Unroll<kPer>([&](auto k) KVCAL_INLINE_LAMBDA {
             const std::int8_t* wk = wi + ((j * kPer + k) * kL) * N;
-            h[x] = DotBytes(d8, ph[k], hn::Load(di8, wk), h[x]);
-            if constexpr (kL == 2) l[x] = DotBytes(d8, ph[k], hn::Load(di8, wk + N), l[x]);
+            h[x] = DotAcc<kPairs>(d8, ph[k], hn::Load(di8, wk), h[x]);
+            if constexpr (kL == 2) l[x] = DotAcc<kPairs>(d8, ph[k], hn::Load(di8, wk + N), l[x]);
           });
         });
       });
     }
+    hn::Vec<decltype(d32)> h32[kA];
+    Unroll<kA>([&](auto x) KVCAL_INLINE_LAMBDA {
+      h32[x] = MergeLimbs<kL>(AddAcc<kPairs>(d8, h[x], hn::Zero(d32)), AddAcc<kPairs>(d8, l[x], hn::Zero(d32)));
+    });
     HWY_ALIGN std::int32_t sum[(kA + 3) / 4 * 4];
-    Unroll<kA>([&](auto x) KVCAL_INLINE_LAMBDA { h[x] = MergeLimbs<kL>(h[x], l[x]); });
     Unroll<kA / 4>([&](auto g) KVCAL_INLINE_LAMBDA {
       constexpr int b = 4 * decltype(g)::value;
-      Sum4(d32, h[b], h[b + 1], h[b + 2], h[b + 3], sum + b);
+      Sum4(d32, h32[b], h32[b + 1], h32[b + 2], h32[b + 3], sum + b);
     });
-    Unroll<kA % 4>(
-        [&](auto x) KVCAL_INLINE_LAMBDA { sum[kA / 4 * 4 + x] = hn::GetLane(hn::SumOfLanes(d32, h[kA / 4 * 4 + x])); });
+    Unroll<kA % 4>([&](auto x) KVCAL_INLINE_LAMBDA {
+      sum[kA / 4 * 4 + x] = hn::GetLane(hn::SumOfLanes(d32, h32[kA / 4 * 4 + x]));
+    });
     Unroll<kR>([&](auto rr) KVCAL_INLINE_LAMBDA {
       Unroll<kQ>([&](auto j) KVCAL_INLINE_LAMBDA { out[j * out_stride + r + rr] = sum[rr * kQ + j]; });
     });
@@ -1822,7 +1890,12 @@ void ScoresIntGroups(D8 d8, const std::uint8_t* codes, std::int64_t rows, std::i
       std::int64_t r = 0;
 #if !HWY_HAVE_SCALABLE && KVCAL_ROW_KERNELS
       constexpr int kR = std::max(1, (kAccVectors / kL) / kQ);  // kL limbs per row and query
-      r = ScoresIntRows<kPer, kQ, kL, kR>(d8, codes, rows, row_bytes, run, dim, wj, w8_stride, oj, out_stride);
+      // int16 pair sums where a row adds at most kPairSums of them per lane.
+      if (kPairTarget && run / static_cast<std::int64_t>(hn::Lanes(d8)) * kPer <= kPairSums)
+        r = ScoresIntRows<kPer, kQ, kL, kR, kPairTarget>(d8, codes, rows, row_bytes, run, dim, wj, w8_stride, oj,
+                                                         out_stride);
+      else
+        r = ScoresIntRows<kPer, kQ, kL, kR, false>(d8, codes, rows, row_bytes, run, dim, wj, w8_stride, oj, out_stride);
 #endif
       if (r < rows)
         ScoresInt<kPer, kQ, kL>(d8, codes + r * row_bytes, rows - r, row_bytes, run, dim, wj, w8_stride, oj + r,
