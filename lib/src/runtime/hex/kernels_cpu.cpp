@@ -1715,8 +1715,9 @@ HWY_INLINE void FlushTransposed(D32 d32, hn::Vec<D32> h, hn::Vec<D32> l, int m, 
 // kM of the four transposed vectors per pass over the rows (kM kL kQ kPer
 // accumulators in registers).
 template <int kPer, int kQ, int kL, class D8>
-void AccumulateIntQ(D8 d8, const std::uint8_t* codes, std::int64_t rows, std::int64_t row_bytes, std::int64_t run,
-                    const std::int8_t* w8, std::int64_t w8_stride, std::int32_t* acc, std::int64_t acc_stride) {
+KVCAL_FLATTEN void AccumulateIntQ(D8 d8, const std::uint8_t* codes, std::int64_t rows, std::int64_t row_bytes,
+                                  std::int64_t run, const std::int8_t* w8, std::int64_t w8_stride, std::int32_t* acc,
+                                  std::int64_t acc_stride) {
   constexpr int kBits = 8 / kPer, kX = kQ * kPer;
   constexpr int kFit = kAccVectors / (kL * kX);
   constexpr int kM = kFit >= 4 ? 4 : kFit >= 2 ? 2 : 1;
@@ -1743,28 +1744,41 @@ void AccumulateIntQ(D8 d8, const std::uint8_t* codes, std::int64_t rows, std::in
       for (std::int64_t r0 = 0; r0 < rows; r0 += span) {
         hn::Vec<decltype(da)> ha[kM * kX], la[kM * kX];  // the same, for rows r0 .. r0 + span - 1
         Unroll<kM * kX>([&](auto x) { ha[x] = la[x] = hn::Zero(da); });
-        for (std::int64_t r = r0; r < std::min(rows, r0 + span); r += 4) {
-          if (m0 == 0)  // the first pass streams the rows in; past the end is harmless
-            for (int k = 0; k < 4; ++k) __builtin_prefetch(codes + (r + k + kAhead) * row_bytes + i, 0, 3);
-          std::int64_t stride = row_bytes;
-          const std::uint8_t* base = RowGroup(d8, codes + r * row_bytes + i, r, rows, stride, pad);
+        // One group of four rows (at base, stride apart), their weights from
+        // weights(w) for a query's limb of weights w.
+        const auto group = [&](const std::uint8_t* base, std::int64_t stride, auto weights) KVCAL_INLINE_LAMBDA {
           const auto c0 = hn::LoadU(d8, base), c1 = hn::LoadU(d8, base + stride);
           const auto c2 = hn::LoadU(d8, base + 2 * stride), c3 = hn::LoadU(d8, base + 3 * stride);
-          Unroll<kM>([&](auto mm) {
+          Unroll<kM>([&](auto mm) KVCAL_INLINE_LAMBDA {
             const auto t = Transpose4<D8>::Apply(d8, c0, c1, c2, c3, m0 + mm);
             hn::Vec<D8> ph[kPer];
-            Unroll<kPer>([&](auto k) { ph[k] = PhaseBytes<kBits, k>(d8, t); });
-            Unroll<kQ>([&](auto j) {
+            Unroll<kPer>([&](auto k) KVCAL_INLINE_LAMBDA { ph[k] = PhaseBytes<kBits, k>(d8, t); });
+            Unroll<kQ>([&](auto j) KVCAL_INLINE_LAMBDA {
               constexpr int x0 = (decltype(mm)::value * kQ + decltype(j)::value) * kPer;
               const std::int8_t* wj = w8 + j * w8_stride;
-              const auto wh = Weights4(d8, wj, r, rows);
-              Unroll<kPer>([&](auto k) { ha[x0 + k] = DotAcc<kPairTarget>(d8, ph[k], wh, ha[x0 + k]); });
+              const auto wh = weights(wj);
+              Unroll<kPer>([&](auto k)
+                               KVCAL_INLINE_LAMBDA { ha[x0 + k] = DotAcc<kPairTarget>(d8, ph[k], wh, ha[x0 + k]); });
               if constexpr (kL == 2) {
-                const auto wl = Weights4(d8, wj + rows, r, rows);
-                Unroll<kPer>([&](auto k) { la[x0 + k] = DotAcc<kPairTarget>(d8, ph[k], wl, la[x0 + k]); });
+                const auto wl = weights(wj + rows);
+                Unroll<kPer>([&](auto k)
+                                 KVCAL_INLINE_LAMBDA { la[x0 + k] = DotAcc<kPairTarget>(d8, ph[k], wl, la[x0 + k]); });
               }
             });
           });
+        };
+        const std::int64_t r1 = std::min(rows, r0 + span);
+        std::int64_t r = r0;
+        for (; r + 4 <= r1; r += 4) {  // whole groups: no padding, four weights in one load
+          if (m0 == 0)                 // the first pass streams the rows in; past the end is harmless
+            for (int k = 0; k < 4; ++k) __builtin_prefetch(codes + (r + k + kAhead) * row_bytes + i, 0, 3);
+          group(codes + r * row_bytes + i, row_bytes,
+                [&](const std::int8_t* w) KVCAL_INLINE_LAMBDA { return Weights4(d8, w, r, r + 4); });
+        }
+        if (r < r1) {  // the last rows % 4 rows, next to zero rows
+          std::int64_t stride = row_bytes;
+          const std::uint8_t* base = RowGroup(d8, codes + r * row_bytes + i, r, rows, stride, pad);
+          group(base, stride, [&](const std::int8_t* w) { return Weights4(d8, w, r, rows); });
         }
         Unroll<kM * kX>([&](auto x) {
           h[x] = AddAcc<kPairTarget>(d8, ha[x], h[x]);
