@@ -1153,11 +1153,10 @@ void GatherSub(const float* b, const std::int32_t* idx, const float* x, std::int
   for (; i < n; ++i) out[i] = x[i] - b[idx[i]];
 }
 
-// out[i] = bias + base[i] + sum_{e < g} a[i * g + e] * x[i * g + e]: each
-// token's products added to its running sum in entry order (one fused
-// multiply-add each). Tokens in vectors where g <= 4 (deinterleaving loads
-// give entry e of N tokens in one vector); wider groups a token at a time in
-// 4-lane vectors, the lanes summed at the end.
+// out[i] = bias + base[i] + sum_{e < g} a[i * g + e] * x[i * g + e]. Where
+// g <= 4, tokens in vectors (deinterleaving loads give entry e of N tokens in
+// one vector), each product added to the running sum in entry order; wider
+// groups a token at a time in 4-lane vectors, the lanes summed at the end.
 void EntryScores(const float* a, const float* x, std::int64_t n, std::int64_t g, float bias, const float* base,
                  float* out) {
   std::int64_t i = 0;

@@ -82,7 +82,7 @@ void add_slots_int(const std::int32_t* acc, const Slots& sl, float scale, float 
 void gather_sub(const float* b, const std::int32_t* idx, const float* x, std::int64_t n, float* out);
 // The expander entries' part of n tokens' scores, g entries per token:
 //   out[i] = bias + base[i] + sum_{e < g} a[i * g + e] * x[i * g + e]
-// (the products added in entry order, out apart from the inputs).
+// (out apart from the inputs).
 void entry_scores(const float* a, const float* x, std::int64_t n, std::int64_t g, float bias, const float* base,
                   float* out);
 // x[i * g + e] -= m[i * m_stride] for i < n and e < g.
