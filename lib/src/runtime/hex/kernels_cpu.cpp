@@ -369,7 +369,7 @@ constexpr int kAccVectors = (HWY_ARCH_X86 && HWY_TARGET > HWY_AVX3) ? 8 : 16;
 #if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
 #define KVCAL_INLINE_LAMBDA
 #define KVCAL_FLATTEN
-#define KVCAL_ROW_KERNELS 0  // the row-unrolled score kernels: not compiled (see above)
+#define KVCAL_ROW_KERNELS 0  // the row-unrolled kernels: not compiled (see above)
 #else
 #define KVCAL_ROW_KERNELS 1
 #define KVCAL_INLINE_LAMBDA __attribute__((always_inline))
@@ -1641,9 +1641,12 @@ HWY_INLINE void FlushLimbs(D32 d32, hn::Vec<D32> h, hn::Vec<D32> l, const std::i
   for (std::size_t x = 0; x < hn::Lanes(d32); ++x) acc[pm[x]] += lanes[x];
 }
 
-#if HWY_HAVE_SCALABLE
+#if HWY_HAVE_SCALABLE || !KVCAL_ROW_KERNELS
 // One query at a time (named accumulators: scalable vectors form no arrays);
-// kM of the four transposed vectors per pass over the rows.
+// kM of the four transposed vectors per pass over the rows. Also what the
+// sanitizer builds run on fixed-size targets: AccumulateIntQ's unrolled
+// arrays of vectors, instrumented, take the compiler tens of minutes (see
+// KVCAL_ROW_KERNELS; valgrind checks that kernel in the Release build).
 template <int kPer, int kM, int kL, class D8>
 void AccumulateInt(D8 d8, const std::uint8_t* codes, std::int64_t rows, std::int64_t row_bytes, std::int64_t run,
                    const std::int8_t* w8, std::int32_t* acc) {
@@ -1797,7 +1800,7 @@ template <int kL, class D8>
 void AccumulateIntPer(D8 d8, int per, const std::uint8_t* codes, std::int64_t rows, std::int64_t row_bytes,
                       std::int64_t run, const std::int8_t* w8, std::int64_t nq, std::int64_t w8_stride,
                       std::int32_t* acc, std::int64_t acc_stride) {
-#if HWY_HAVE_SCALABLE
+#if HWY_HAVE_SCALABLE || !KVCAL_ROW_KERNELS
   for (std::int64_t j = 0; j < nq; ++j) {
     if (per == 2)
       AccumulateInt<2, 2, kL>(d8, codes, rows, row_bytes, run, w8 + j * w8_stride, acc + j * acc_stride);
