@@ -760,6 +760,34 @@ std::vector<i64> expected_kept(const HexOptions& o, i64 start, i64 total, const 
   return {keep.begin(), keep.end()};
 }
 
+// attend() runs its softmax online, over chunks of about 8192 / group tokens
+// (whole blocks, the last with the residual rows). Contexts of several chunks
+// whose last third holds the largest scores (its keys scaled up), so that the
+// running maximum grows and the partial output is rescaled, against the
+// double reference, with and without the weights out (check_cache_attention).
+TEST(RuntimeHex, AttentionOverManyChunksEqualsReference) {
+  std::mt19937_64 rng(0x4e58000c);
+  const i64 H = 2, D = 16, B = 8;
+  for (const char* method : {"fp16", "kcvt4", "hex4"})
+    for (const i64 group : {1, 8}) {
+      const i64 N = (group == 1 ? 2 * 8192 : 3 * 1024) + 5;  // a residual of 5
+      HexOptions base;
+      base.block = B;
+      const HexOptions o = hex_method(method, base);
+      HexLayerCache c(H, D, o, o.expander ? make_mask(B, D, 2, 3) : nullptr);
+      Seq s = make_seq(H, N, D, rng);
+      for (i64 h = 0; h < H; ++h)
+        for (i64 t = N - N / 3; t < N; ++t)
+          for (i64 ch = 0; ch < D; ++ch) {
+            half_bits& x = s.k[static_cast<std::size_t>(h * s.head_stride() + t * s.stride + ch)];
+            x = float_to_half(half_to_float(x) * 3.0f);
+          }
+      append(c, s, 0, N);
+      SCOPED_TRACE(std::string(method) + " group " + std::to_string(group));
+      check_cache_attention(c, s, group * H, rng, 1e-4);
+    }
+}
+
 TEST(RuntimeHex, Fp16CacheEqualsPlainAttention) {
   std::mt19937_64 rng(0x4e580007);
   for (const i64 q_heads : {2, 4}) {

@@ -353,44 +353,100 @@ void HexLayerCache::attend(const float* q, std::int64_t q_heads, float scale, fl
 void HexLayerCache::attend_head(const Impl& m, std::int64_t h, const float* q, std::int64_t group, float scale,
                                 float* out, float* probs) {
   const std::int64_t d = m.dim, S = m.tokens;
-  {
-    const Impl::Head& hd = m.head[static_cast<std::size_t>(h)];
-    const float* qh = q + h * group * d;
-    float* oh = out + h * group * d;
-    // Without a caller's buffer, the weights go to this thread's scratch: a
-    // fresh vector would be allocated (and zeroed) on every call, at 128 KiB
-    // per query head and 32K tokens.
-    thread_local std::vector<float> local;
+  const Impl::Head& hd = m.head[static_cast<std::size_t>(h)];
+  const float* qh = q + h * group * d;
+  float* oh = out + h * group * d;
+  const std::vector<HexBlockView>& blocks = hd.blocks.views();
+  const std::size_t nb = blocks.size();
+  const std::int64_t off = m.residual_offset();
+  // The softmax is online, over chunks of whole blocks (the last one with the
+  // residual rows): each chunk's scores, then its weights exp(s - M) against
+  // the running maximum M (the output and the running sum rescaled when M
+  // grows), then its accumulation. A chunk's weights (about 8K per KV head)
+  // stay in cache between its two passes; a whole row of weights (128 KiB
+  // per query head at 32K tokens) would not.
+  const std::int64_t chunk = std::max<std::int64_t>(1, 8192 / group);
+  // Without a caller's buffer, the weights go to this thread's scratch (grown,
+  // never shrunk: no allocation per call).
+  thread_local std::vector<float> local, stats;
+  std::int64_t chunks = 1;  // an upper bound, for the per-chunk maxima
+  for (std::size_t i = 0, n = 0; i < nb; ++i) {
+    n += static_cast<std::size_t>(blocks[i].tokens);
+    if (static_cast<std::int64_t>(n) >= chunk) ++chunks, n = 0;
+  }
+  // stats: the running maximum and sum per query, then (with probs) each
+  // chunk's maximum per query.
+  const std::int64_t n_stats = 2 * group + (probs ? chunks * group : 0);
+  if (static_cast<std::int64_t>(stats.size()) < n_stats) stats.resize(static_cast<std::size_t>(n_stats));
+  float* mx = stats.data();
+  float* z = mx + group;
+  float* cmax = z + group;
+  std::fill(mx, mx + group, -std::numeric_limits<float>::infinity());
+  std::fill(z, z + group, 0.0f);
+  std::fill(oh, oh + group * d, 0.0f);
+  KeyEntries ke;  // the mask's entries, shared by the blocks
+  ValueEntries ve;
+  std::int64_t c = 0;  // chunks done
+  std::size_t i0 = 0;
+  for (std::int64_t t0 = 0; t0 < S; ++c) {
+    // Blocks [i0, i1): at least `chunk` tokens, or all that are left.
+    std::size_t i1 = i0;
+    std::int64_t n = 0;
+    while (i1 < nb && n < chunk) n += blocks[i1++].tokens;
+    const bool last = i1 == nb;
+    const std::int64_t n_blocks = n;
+    if (last) n = S - t0;  // and the residual rows
     float* p;
+    std::int64_t ps;
     if (probs) {
-      p = probs + h * group * S;
+      p = probs + h * group * S + t0, ps = S;
     } else {
-      if (static_cast<std::int64_t>(local.size()) < group * S) local.resize(static_cast<std::size_t>(group * S));
-      p = local.data();
+      if (static_cast<std::int64_t>(local.size()) < group * n) local.resize(static_cast<std::size_t>(group * n));
+      p = local.data(), ps = n;
     }
-    // Each pass reads one of the head's two block streams front to back.
-    const std::vector<HexBlockView>& blocks = hd.blocks.views();
-    const std::size_t nb = blocks.size();
     std::int64_t pos = 0;
-    KeyEntries ke;  // the mask's entries, shared by the blocks
-    ValueEntries ve;
-    for (std::size_t i = 0; i < nb; ++i) {
-      const HexBlockView& v = blocks[i];
-      block_scores(v, qh, group, d, scale, p + pos, S, m.opt.dot, ke);
-      pos += v.tokens;
+    for (std::size_t i = i0; i < i1; ++i) {
+      block_scores(blocks[i], qh, group, d, scale, p + pos, ps, m.opt.dot, ke);
+      pos += blocks[i].tokens;
     }
-    const std::int64_t off = m.residual_offset();
-    half_scores(qh, group, d, hd.res_k.data() + off * d, S - pos, d, d, scale, p + pos, S);
-    softmax_rows(p, group, S, S);
-    for (std::int64_t j = 0; j < group; ++j) std::fill(oh + j * d, oh + (j + 1) * d, 0.0f);
+    if (n > n_blocks) half_scores(qh, group, d, hd.res_k.data() + off * d, n - n_blocks, d, d, scale, p + pos, ps);
+    for (std::int64_t j = 0; j < group; ++j) {
+      float* pj = p + j * ps;
+      const float mc = max_row(pj, n);
+      if (mc > mx[j]) {
+        // exp(-inf) is 0: the first chunk scales nothing that is not zero.
+        const float a = std::exp(mx[j] - mc);
+        if (c > 0) scale_row(oh + j * d, d, a);
+        z[j] *= a;
+        mx[j] = mc;
+      }
+      z[j] += exp_shift_row(pj, n, mx[j]);
+      if (probs) cmax[c * group + j] = mx[j];
+    }
     pos = 0;
-    for (std::size_t i = 0; i < nb; ++i) {
-      const HexBlockView& v = blocks[i];
-      block_accumulate(v, p + pos, group, S, oh, d, m.opt.dot, ve);
-      pos += v.tokens;
+    for (std::size_t i = i0; i < i1; ++i) {
+      block_accumulate(blocks[i], p + pos, group, ps, oh, d, m.opt.dot, ve);
+      pos += blocks[i].tokens;
     }
-    ve.flush();
-    half_accumulate(p + pos, group, S, hd.res_v.data() + off * d, S - pos, d, d, oh, d);
+    ve.flush();  // before the next chunk may rescale the output
+    if (n > n_blocks) half_accumulate(p + pos, group, ps, hd.res_v.data() + off * d, n - n_blocks, d, d, oh, d);
+    t0 += n;
+    i0 = i1;
+  }
+  for (std::int64_t j = 0; j < group; ++j) scale_row(oh + j * d, d, 1.0f / z[j]);
+  if (!probs) return;
+  // The caller's weights, each chunk's against the final maximum and sum.
+  std::int64_t t0 = 0;
+  i0 = 0;
+  for (std::int64_t k = 0; k < c; ++k) {
+    std::size_t i1 = i0;
+    std::int64_t n = 0;
+    while (i1 < nb && n < chunk) n += blocks[i1++].tokens;
+    if (i1 == nb) n = S - t0;
+    for (std::int64_t j = 0; j < group; ++j)
+      scale_row(probs + (h * group + j) * S + t0, n, std::exp(cmax[k * group + j] - mx[j]) / z[j]);
+    t0 += n;
+    i0 = i1;
   }
 }
 
