@@ -369,10 +369,20 @@ void HexLayerCache::attend_head(const Impl& m, std::int64_t h, const float* q, s
   // Without a caller's buffer, the weights go to this thread's scratch (grown,
   // never shrunk: no allocation per call).
   thread_local std::vector<float> local, stats;
-  std::int64_t chunks = 1;  // an upper bound, for the per-chunk maxima
-  for (std::size_t i = 0, n = 0; i < nb; ++i) {
-    n += static_cast<std::size_t>(blocks[i].tokens);
-    if (static_cast<std::int64_t>(n) >= chunk) ++chunks, n = 0;
+  // The chunk from block i0 on (at token t0): blocks [i0, i1) of at least
+  // `chunk` tokens (n_blocks), or all that are left with the residual rows.
+  // Returns the chunk's tokens.
+  const auto extent = [&](std::size_t i0, std::int64_t t0, std::size_t& i1, std::int64_t& n_blocks) {
+    i1 = i0;
+    n_blocks = 0;
+    while (i1 < nb && n_blocks < chunk) n_blocks += blocks[i1++].tokens;
+    return i1 == nb ? S - t0 : n_blocks;
+  };
+  std::int64_t chunks = 0;  // needed only for the caller's weights
+  if (probs) {
+    std::size_t i = 0;
+    std::int64_t n_blocks = 0;
+    for (std::int64_t t0 = 0; t0 < S; ++chunks) t0 += extent(i, t0, i, n_blocks);
   }
   // stats: the running maximum and sum per query, then (with probs) each
   // chunk's maximum per query.
@@ -389,13 +399,9 @@ void HexLayerCache::attend_head(const Impl& m, std::int64_t h, const float* q, s
   std::int64_t c = 0;  // chunks done
   std::size_t i0 = 0;
   for (std::int64_t t0 = 0; t0 < S; ++c) {
-    // Blocks [i0, i1): at least `chunk` tokens, or all that are left.
-    std::size_t i1 = i0;
-    std::int64_t n = 0;
-    while (i1 < nb && n < chunk) n += blocks[i1++].tokens;
-    const bool last = i1 == nb;
-    const std::int64_t n_blocks = n;
-    if (last) n = S - t0;  // and the residual rows
+    std::size_t i1 = 0;
+    std::int64_t n_blocks = 0;
+    const std::int64_t n = extent(i0, t0, i1, n_blocks);
     float* p;
     std::int64_t ps;
     if (probs) {
@@ -439,10 +445,9 @@ void HexLayerCache::attend_head(const Impl& m, std::int64_t h, const float* q, s
   std::int64_t t0 = 0;
   i0 = 0;
   for (std::int64_t k = 0; k < c; ++k) {
-    std::size_t i1 = i0;
-    std::int64_t n = 0;
-    while (i1 < nb && n < chunk) n += blocks[i1++].tokens;
-    if (i1 == nb) n = S - t0;
+    std::size_t i1 = 0;
+    std::int64_t n_blocks = 0;
+    const std::int64_t n = extent(i0, t0, i1, n_blocks);
     for (std::int64_t j = 0; j < group; ++j)
       scale_row(probs + (h * group + j) * S + t0, n, std::exp(cmax[k * group + j] - mx[j]) / z[j]);
     t0 += n;
