@@ -760,12 +760,11 @@ std::vector<i64> expected_kept(const HexOptions& o, i64 start, i64 total, const 
   return {keep.begin(), keep.end()};
 }
 
-// attend() runs its softmax online, over chunks of about 8192 / group tokens
-// (whole blocks, the last with the residual rows). Contexts of several chunks
-// whose last third holds the largest scores (its keys scaled up), so that the
-// running maximum grows and the partial output is rescaled, against the
-// double reference, with and without the weights out (check_cache_attention).
-TEST(RuntimeHex, AttentionOverManyChunksEqualsReference) {
+// Long contexts: 3K tokens at group 8 and 16K at group 1 (hundreds to
+// thousands of blocks and a residual), whose last third holds the largest
+// scores (its keys scaled up), for fp16, kcvt4 and hex4, against the double
+// reference, with and without the weights out (check_cache_attention).
+TEST(RuntimeHex, LongContextsEqualReference) {
   std::mt19937_64 rng(0x4e58000c);
   const i64 H = 2, D = 16, B = 8;
   for (const char* method : {"fp16", "kcvt4", "hex4"})

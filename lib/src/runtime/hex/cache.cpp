@@ -353,105 +353,44 @@ void HexLayerCache::attend(const float* q, std::int64_t q_heads, float scale, fl
 void HexLayerCache::attend_head(const Impl& m, std::int64_t h, const float* q, std::int64_t group, float scale,
                                 float* out, float* probs) {
   const std::int64_t d = m.dim, S = m.tokens;
-  const Impl::Head& hd = m.head[static_cast<std::size_t>(h)];
-  const float* qh = q + h * group * d;
-  float* oh = out + h * group * d;
-  const std::vector<HexBlockView>& blocks = hd.blocks.views();
-  const std::size_t nb = blocks.size();
-  const std::int64_t off = m.residual_offset();
-  // The softmax is online, over chunks of whole blocks (the last one with the
-  // residual rows): each chunk's scores, then its weights exp(s - M) against
-  // the running maximum M (the output and the running sum rescaled when M
-  // grows), then its accumulation. A chunk's weights (about 8K per KV head)
-  // stay in cache between its two passes; a whole row of weights (128 KiB
-  // per query head at 32K tokens) would not.
-  const std::int64_t chunk = std::max<std::int64_t>(1, 8192 / group);
-  // Without a caller's buffer, the weights go to this thread's scratch (grown,
-  // never shrunk: no allocation per call).
-  thread_local std::vector<float> local, stats;
-  // The chunk from block i0 on (at token t0): blocks [i0, i1) of at least
-  // `chunk` tokens (n_blocks), or all that are left with the residual rows.
-  // Returns the chunk's tokens.
-  const auto extent = [&](std::size_t i0, std::int64_t t0, std::size_t& i1, std::int64_t& n_blocks) {
-    i1 = i0;
-    n_blocks = 0;
-    while (i1 < nb && n_blocks < chunk) n_blocks += blocks[i1++].tokens;
-    return i1 == nb ? S - t0 : n_blocks;
-  };
-  std::int64_t chunks = 0;  // needed only for the caller's weights
-  if (probs) {
-    std::size_t i = 0;
-    std::int64_t n_blocks = 0;
-    for (std::int64_t t0 = 0; t0 < S; ++chunks) t0 += extent(i, t0, i, n_blocks);
-  }
-  // stats: the running maximum and sum per query, then (with probs) each
-  // chunk's maximum per query.
-  const std::int64_t n_stats = 2 * group + (probs ? chunks * group : 0);
-  if (static_cast<std::int64_t>(stats.size()) < n_stats) stats.resize(static_cast<std::size_t>(n_stats));
-  float* mx = stats.data();
-  float* z = mx + group;
-  float* cmax = z + group;
-  std::fill(mx, mx + group, -std::numeric_limits<float>::infinity());
-  std::fill(z, z + group, 0.0f);
-  std::fill(oh, oh + group * d, 0.0f);
-  KeyEntries ke;  // the mask's entries, shared by the blocks
-  ValueEntries ve;
-  std::int64_t c = 0;  // chunks done
-  std::size_t i0 = 0;
-  for (std::int64_t t0 = 0; t0 < S; ++c) {
-    std::size_t i1 = 0;
-    std::int64_t n_blocks = 0;
-    const std::int64_t n = extent(i0, t0, i1, n_blocks);
+  {
+    const Impl::Head& hd = m.head[static_cast<std::size_t>(h)];
+    const float* qh = q + h * group * d;
+    float* oh = out + h * group * d;
+    // Without a caller's buffer, the weights go to this thread's scratch: a
+    // fresh vector would be allocated (and zeroed) on every call, at 128 KiB
+    // per query head and 32K tokens.
+    thread_local std::vector<float> local;
     float* p;
-    std::int64_t ps;
     if (probs) {
-      p = probs + h * group * S + t0, ps = S;
+      p = probs + h * group * S;
     } else {
-      if (static_cast<std::int64_t>(local.size()) < group * n) local.resize(static_cast<std::size_t>(group * n));
-      p = local.data(), ps = n;
+      if (static_cast<std::int64_t>(local.size()) < group * S) local.resize(static_cast<std::size_t>(group * S));
+      p = local.data();
     }
+    // Each pass reads one of the head's two block streams front to back.
+    const std::vector<HexBlockView>& blocks = hd.blocks.views();
+    const std::size_t nb = blocks.size();
     std::int64_t pos = 0;
-    for (std::size_t i = i0; i < i1; ++i) {
-      block_scores(blocks[i], qh, group, d, scale, p + pos, ps, m.opt.dot, ke);
-      pos += blocks[i].tokens;
+    KeyEntries ke;  // the mask's entries, shared by the blocks
+    ValueEntries ve;
+    for (std::size_t i = 0; i < nb; ++i) {
+      const HexBlockView& v = blocks[i];
+      block_scores(v, qh, group, d, scale, p + pos, S, m.opt.dot, ke);
+      pos += v.tokens;
     }
-    if (n > n_blocks) half_scores(qh, group, d, hd.res_k.data() + off * d, n - n_blocks, d, d, scale, p + pos, ps);
-    for (std::int64_t j = 0; j < group; ++j) {
-      float* pj = p + j * ps;
-      const float mc = max_row(pj, n);
-      if (mc > mx[j]) {
-        // exp(-inf) is 0: the first chunk scales nothing that is not zero.
-        const float a = std::exp(mx[j] - mc);
-        if (c > 0) scale_row(oh + j * d, d, a);
-        z[j] *= a;
-        mx[j] = mc;
-      }
-      z[j] += exp_shift_row(pj, n, mx[j]);
-      if (probs) cmax[c * group + j] = mx[j];
-    }
+    const std::int64_t off = m.residual_offset();
+    half_scores(qh, group, d, hd.res_k.data() + off * d, S - pos, d, d, scale, p + pos, S);
+    softmax_rows(p, group, S, S);
+    for (std::int64_t j = 0; j < group; ++j) std::fill(oh + j * d, oh + (j + 1) * d, 0.0f);
     pos = 0;
-    for (std::size_t i = i0; i < i1; ++i) {
-      block_accumulate(blocks[i], p + pos, group, ps, oh, d, m.opt.dot, ve);
-      pos += blocks[i].tokens;
+    for (std::size_t i = 0; i < nb; ++i) {
+      const HexBlockView& v = blocks[i];
+      block_accumulate(v, p + pos, group, S, oh, d, m.opt.dot, ve);
+      pos += v.tokens;
     }
-    ve.flush();  // before the next chunk may rescale the output
-    if (n > n_blocks) half_accumulate(p + pos, group, ps, hd.res_v.data() + off * d, n - n_blocks, d, d, oh, d);
-    t0 += n;
-    i0 = i1;
-  }
-  for (std::int64_t j = 0; j < group; ++j) scale_row(oh + j * d, d, 1.0f / z[j]);
-  if (!probs) return;
-  // The caller's weights, each chunk's against the final maximum and sum.
-  std::int64_t t0 = 0;
-  i0 = 0;
-  for (std::int64_t k = 0; k < c; ++k) {
-    std::size_t i1 = 0;
-    std::int64_t n_blocks = 0;
-    const std::int64_t n = extent(i0, t0, i1, n_blocks);
-    for (std::int64_t j = 0; j < group; ++j)
-      scale_row(probs + (h * group + j) * S + t0, n, std::exp(cmax[k * group + j] - mx[j]) / z[j]);
-    t0 += n;
-    i0 = i1;
+    ve.flush();
+    half_accumulate(p + pos, group, S, hd.res_v.data() + off * d, S - pos, d, d, oh, d);
   }
 }
 

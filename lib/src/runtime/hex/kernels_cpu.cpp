@@ -74,8 +74,10 @@ void AxpyF(float w, const float* x, float* y, std::int64_t n) {
   for (; i < n; ++i) y[i] += w * x[i];
 }
 
-// The largest of n >= 1 floats.
-float MaxRow(const float* r, std::int64_t n) {
+// Softmax of one row of n scores in place: max, then exp and sum, then scale.
+// Highway's Exp is within 1 ulp of std::exp and flushes arguments below -104
+// to 0 (the weight is then below FLT_MIN anyway).
+void SoftmaxRow(float* r, std::int64_t n) {
   const DF d;
   const auto N = static_cast<std::int64_t>(hn::Lanes(d));
   auto mv = hn::Set(d, -std::numeric_limits<float>::infinity());
@@ -83,19 +85,9 @@ float MaxRow(const float* r, std::int64_t n) {
   for (; i + N <= n; i += N) mv = hn::Max(mv, hn::LoadU(d, r + i));
   float m = hn::GetLane(hn::MaxOfLanes(d, mv));
   for (; i < n; ++i) m = std::max(m, r[i]);
-  return m;
-}
-
-// r[i] = exp(r[i] - m) in place; returns their sum. Highway's Exp is within
-// 1 ulp of std::exp and flushes arguments below -104 to 0 (the weight is
-// then below FLT_MIN anyway).
-float ExpShiftRow(float* r, std::int64_t n, float m) {
-  const DF d;
-  const auto N = static_cast<std::int64_t>(hn::Lanes(d));
   const auto mvec = hn::Set(d, m);
   auto z0 = hn::Zero(d);
-  std::int64_t i = 0;
-  for (; i + N <= n; i += N) {
+  for (i = 0; i + N <= n; i += N) {
     const auto e = hn::Exp(d, hn::Sub(hn::LoadU(d, r + i), mvec));
     hn::StoreU(e, d, r + i);
     z0 = hn::Add(z0, e);
@@ -105,21 +97,11 @@ float ExpShiftRow(float* r, std::int64_t n, float m) {
     r[i] = std::exp(r[i] - m);
     z += r[i];
   }
-  return z;
+  const float inv = 1.0f / z;
+  const auto iv = hn::Set(d, inv);
+  for (i = 0; i + N <= n; i += N) hn::StoreU(hn::Mul(hn::LoadU(d, r + i), iv), d, r + i);
+  for (; i < n; ++i) r[i] *= inv;
 }
-
-// r[i] *= s.
-void ScaleRow(float* r, std::int64_t n, float s) {
-  const DF d;
-  const auto N = static_cast<std::int64_t>(hn::Lanes(d));
-  const auto sv = hn::Set(d, s);
-  std::int64_t i = 0;
-  for (; i + N <= n; i += N) hn::StoreU(hn::Mul(hn::LoadU(d, r + i), sv), d, r + i);
-  for (; i < n; ++i) r[i] *= s;
-}
-
-// Softmax of one row of n scores in place: max, then exp and sum, then scale.
-void SoftmaxRow(float* r, std::int64_t n) { ScaleRow(r, n, 1.0f / ExpShiftRow(r, n, MaxRow(r, n))); }
 
 // One fp16 row as floats (row holds dim halves).
 HWY_INLINE void RowToFloats(const half_bits* row, std::int64_t dim, float* out) {
@@ -2097,9 +2079,6 @@ HWY_EXPORT(TargetName);
 HWY_EXPORT(DotF);
 HWY_EXPORT(AxpyF);
 HWY_EXPORT(SoftmaxRow);
-HWY_EXPORT(MaxRow);
-HWY_EXPORT(ExpShiftRow);
-HWY_EXPORT(ScaleRow);
 HWY_EXPORT(HalfScores);
 HWY_EXPORT(HalfAccumulate);
 HWY_EXPORT(CodeScores);
@@ -2139,9 +2118,6 @@ const char* kernel_target() { return HWY_DYNAMIC_DISPATCH(TargetName)(); }
 float dot(const float* a, const float* b, std::int64_t n) { return HWY_DYNAMIC_DISPATCH(DotF)(a, b, n); }
 void axpy(float w, const float* x, float* y, std::int64_t n) { HWY_DYNAMIC_DISPATCH(AxpyF)(w, x, y, n); }
 void softmax_row(float* r, std::int64_t n) { HWY_DYNAMIC_DISPATCH(SoftmaxRow)(r, n); }
-float max_row(const float* r, std::int64_t n) { return HWY_DYNAMIC_DISPATCH(MaxRow)(r, n); }
-float exp_shift_row(float* r, std::int64_t n, float m) { return HWY_DYNAMIC_DISPATCH(ExpShiftRow)(r, n, m); }
-void scale_row(float* r, std::int64_t n, float s) { HWY_DYNAMIC_DISPATCH(ScaleRow)(r, n, s); }
 
 void half_scores(const float* q, std::int64_t nq, std::int64_t q_stride, const half_bits* k, std::int64_t rows,
                  std::int64_t dim, std::int64_t k_stride, float scale, float* out, std::int64_t out_stride) {

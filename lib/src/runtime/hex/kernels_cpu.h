@@ -55,12 +55,6 @@ float dot(const float* a, const float* b, std::int64_t n);
 void axpy(float w, const float* x, float* y, std::int64_t n);
 // r[i] = exp(r[i] - max r) / sum_j exp(r[j] - max r), in place (n >= 1).
 void softmax_row(float* r, std::int64_t n);
-// The pieces of softmax_row, for a softmax over a row in chunks (online):
-// max_i r[i] (n >= 1); r[i] = exp(r[i] - m) in place, returning the sum;
-// r[i] *= s.
-float max_row(const float* r, std::int64_t n);
-float exp_shift_row(float* r, std::int64_t n, float m);
-void scale_row(float* r, std::int64_t n, float s);
 
 // Scores over fp16 rows: out[j * out_stride + t] = scale * q_j . k_t for
 // t < rows (k_t at k + t * k_stride, dim halves) and j < nq (q_j at q + j * q_stride).
