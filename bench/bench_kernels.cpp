@@ -8,6 +8,8 @@
 //  kernel/quantize/<dot>: the fixed-point weights of one query's 128 weights.
 //  kernel/widen3: a block's 3-bit rows widened to 4 bits, which the integer
 //    kernels then read (their 3-bit figures include this step).
+//  kernel/softmax: softmax_row over one query's 32K scores (the decode
+//    benchmark's context; 128 KB, in the L2 cache), items = weights.
 // items_per_second counts codes times queries (multiply-adds).
 #include <benchmark/benchmark.h>
 
@@ -104,6 +106,20 @@ void widen3(benchmark::State& state) {
   state.SetItemsProcessed(state.iterations() * kRows * kDim);
 }
 
+// In place, round after round: the cost does not depend on the values.
+void softmax(benchmark::State& state) {
+  constexpr std::int64_t kTokens = 32768;
+  std::vector<float> r(kTokens);
+  std::mt19937_64 rng(9);
+  std::normal_distribution<float> g(0.0f, 3.0f);
+  for (auto& x : r) x = g(rng);
+  for (auto _ : state) {
+    d::softmax_row(r.data(), kTokens);
+    benchmark::DoNotOptimize(r.data());
+  }
+  state.SetItemsProcessed(state.iterations() * kTokens);
+}
+
 void quantize(benchmark::State& state, const std::string& dot) {
   Inputs in(4, 1, kDim, 2);
   std::vector<std::int8_t> w8(static_cast<std::size_t>(2 * kDim));
@@ -129,6 +145,7 @@ int register_all() {
     if (s != "float32") benchmark::RegisterBenchmark(("kernel/quantize/" + s).c_str(), quantize, s);
   }
   benchmark::RegisterBenchmark("kernel/widen3", widen3);
+  benchmark::RegisterBenchmark("kernel/softmax", softmax);
   return 0;
 }
 const int registered = register_all();

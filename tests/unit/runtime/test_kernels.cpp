@@ -611,6 +611,50 @@ TEST(HexKernels, QuantizeWeights8IsTheSameOnEveryTargetAndBounded) {
   });
 }
 
+// Weights so small (subnormal here) that L / max|w| overflows a float: the
+// fixed point must still be round(w L / max|w|), the same on every target.
+TEST(HexKernels, QuantizeWeightsOfSubnormalWeights) {
+  std::mt19937_64 rng(0x73756221);
+  std::normal_distribution<float> g(0.0f, 1.0f);
+  std::vector<std::vector<float>> cases;
+  for (const i64 n : {5, 64, 96, 257}) {
+    std::vector<float> w;
+    for (i64 i = 0; i < n; ++i) w.push_back(g(rng) * 1e-40f);
+    w[static_cast<std::size_t>(n / 2)] = 0.0f;
+    cases.push_back(w);
+  }
+  std::vector<std::vector<std::int8_t>> first8, first14;
+  bool have_first = false;
+  on_every_target([&] {
+    for (std::size_t k = 0; k < cases.size(); ++k) {
+      const auto& w = cases[k];
+      const auto n = static_cast<i64>(w.size());
+      float m = 0;
+      for (const float x : w) m = std::max(m, std::fabs(x));
+      ASSERT_GT(m, 0.0f);
+      ASSERT_LT(m, std::numeric_limits<float>::min());
+      std::vector<std::int8_t> v8(static_cast<std::size_t>(n)), v14(static_cast<std::size_t>(2 * n));
+      ASSERT_EQ(quantize_weights8(w.data(), n, v8.data()), m / 127.0f);
+      ASSERT_EQ(quantize_weights14(w.data(), n, v14.data()), m / 8191.0f);
+      for (i64 i = 0; i < n; ++i) {
+        const double exact = static_cast<double>(w[static_cast<std::size_t>(i)]) / m;
+        ASSERT_LE(std::fabs(v8[static_cast<std::size_t>(i)] - 127.0 * exact), 0.5 + 1e-3) << "at " << i;
+        const double v = 128.0 * v14[static_cast<std::size_t>(i)] + v14[static_cast<std::size_t>(n + i)];
+        ASSERT_LE(std::fabs(v - 8191.0 * exact), 0.5 + 1e-3) << "at " << i;
+      }
+      ASSERT_EQ(v8[static_cast<std::size_t>(n / 2)], 0);
+      if (!have_first) {
+        first8.push_back(v8);
+        first14.push_back(v14);
+      } else {
+        ASSERT_EQ(v8, first8[k]);
+        ASSERT_EQ(v14, first14[k]);
+      }
+    }
+    have_first = true;
+  });
+}
+
 TEST(HexKernels, SoftmaxRowMatchesDoubleReference) {
   on_every_target([] {
     std::mt19937_64 rng(0x736f6674);
@@ -643,6 +687,46 @@ TEST(HexKernels, SoftmaxRowMatchesDoubleReference) {
         }
         ASSERT_NEAR(total, 1.0, 1e-6);
       }
+  });
+}
+
+// The exponential inside softmax_row, seen directly: a row of one 0 (the
+// maximum) and scores x <= -25, whose weights e^x sum to less than half an
+// ulp of 1, so that the sum is exactly 1 and each weight is e^x as computed.
+// Every 257th float in [-87.34, -25]: within 1 ulp of the double exp where
+// e^x is a normal float, below FLT_MIN (0 allowed) under it.
+TEST(HexKernels, SoftmaxExponentialWithinOneUlp) {
+  std::vector<float> xs;
+  std::uint32_t bits;
+  const float top = -25.0f;
+  std::memcpy(&bits, &top, sizeof bits);
+  for (;; bits += 257) {
+    float x;
+    std::memcpy(&x, &bits, sizeof x);
+    if (x < -87.34f) break;
+    xs.push_back(x);
+  }
+  for (const float x : {-87.3365f, -87.33654f, -87.3366f, -87.4f, -103.0f, -104.5f, -200.0f}) xs.push_back(x);
+  on_every_target([&] {
+    const std::size_t n = 1023;  // weights per row besides the maximum
+    for (std::size_t at = 0; at < xs.size(); at += n) {
+      std::vector<float> r{0.0f};
+      for (std::size_t i = at; i < std::min(xs.size(), at + n); ++i) r.push_back(xs[i]);
+      softmax_row(r.data(), static_cast<i64>(r.size()));
+      ASSERT_EQ(r[0], 1.0f);
+      for (std::size_t i = 1; i < r.size(); ++i) {
+        const float x = xs[at + i - 1];
+        const double want = std::exp(static_cast<double>(x));
+        if (want < static_cast<double>(std::numeric_limits<float>::min())) {
+          ASSERT_LT(r[i], std::numeric_limits<float>::min()) << "x " << x;
+          ASSERT_GE(r[i], 0.0f) << "x " << x;
+          continue;
+        }
+        const auto wf = static_cast<float>(want);
+        const double ulp = static_cast<double>(std::nextafter(wf, 1.0f)) - static_cast<double>(wf);
+        ASSERT_LE(std::fabs(static_cast<double>(r[i]) - want), ulp) << "x " << x;
+      }
+    }
   });
 }
 
