@@ -322,6 +322,10 @@ void detail::block_scores(const HexBlockView& b, const float* q, std::int64_t nq
   float* kmin = Scratch::get(sc.kmin, d);
   float* sparse = Scratch::get(sc.sparse, nqr * d1);
   float* qs = Scratch::get(sc.qs, nq * nqr);  // [nq][quantized row]: the code part of the score
+  // With integer dot products and no expander, the code part is scaled on
+  // its way into the scores (one pass over them instead of two).
+  const std::int32_t* qi = nullptr;  // [nq][quantized row]: the integer sums
+  const float* ws = nullptr;         // per query: their scale
   if (nqr > 0) {
     // The key groups' (delta, min) pairs in one conversion, then split.
     float* params = Scratch::get(sc.params, 2 * d);
@@ -344,14 +348,17 @@ void detail::block_scores(const HexBlockView& b, const float* q, std::int64_t nq
       // Fixed-point weights per query, integer dot products, one scaling.
       const int limbs = dot_limbs(dot);
       std::int8_t* w8 = Scratch::get(sc.w8, nq * limbs * d);
-      std::int32_t* qi = Scratch::get(sc.qi, nq * nqr);
-      float* ws = Scratch::get(sc.ws, nq);
-      quantize_rows(limbs, qd, nq, d, w8, ws);
+      std::int32_t* qi_out = Scratch::get(sc.qi, nq * nqr);
+      float* ws_out = Scratch::get(sc.ws, nq);
+      quantize_rows(limbs, qd, nq, d, w8, ws_out);
       std::int64_t row_bytes = 0;
       const std::uint8_t* codes = cr.rows(b, b.k_codes, nqr, row_bytes);
-      code_scores_int(codes, nqr, row_bytes, cr.bits, d, limbs, w8, nq, limbs * d, qi, nqr);
-      for (std::int64_t j = 0; j < nq; ++j)
-        for (std::int64_t r = 0; r < nqr; ++r) qs[j * nqr + r] = ws[j] * static_cast<float>(qi[j * nqr + r]);
+      code_scores_int(codes, nqr, row_bytes, cr.bits, d, limbs, w8, nq, limbs * d, qi_out, nqr);
+      qi = qi_out;
+      ws = ws_out;
+      if (d1 > 0)
+        for (std::int64_t j = 0; j < nq; ++j)
+          for (std::int64_t r = 0; r < nqr; ++r) qs[j * nqr + r] = ws[j] * static_cast<float>(qi[j * nqr + r]);
     } else {
       code_scores(b.k_codes, nqr, b.row_bytes, b.bits, d, qd, nq, d, qs, nqr);
     }
@@ -365,7 +372,13 @@ void detail::block_scores(const HexBlockView& b, const float* q, std::int64_t nq
           const float* qsj = qs + j * nqr + qr0;
           float* sj = scores + j * s_stride + t0;
           if (d1 == 0) {
-            for (std::int64_t i = 0; i < n; ++i) sj[i] = bj + qsj[i];
+            if (qi) {
+              const float wj = ws[j];
+              const std::int32_t* qij = qi + j * nqr + qr0;
+              for (std::int64_t i = 0; i < n; ++i) sj[i] = bj + wj * static_cast<float>(qij[i]);
+            } else {
+              for (std::int64_t i = 0; i < n; ++i) sj[i] = bj + qsj[i];
+            }
             return;
           }
           entry_scores(qk + j * ke.rows * d1 + t0 * d1, sparse + qr0 * d1, n, d1, bj, qsj, sj);

@@ -415,6 +415,31 @@ HWY_INLINE void Unroll(F f) {
   UnrollSeq(std::make_integer_sequence<int, kN>(), f);
 }
 
+// Register pressure in the unrolled integer kernels on x86 targets with 16
+// vector registers (SSE4, AVX2). Left to itself, GCC loads every query's
+// weights ahead of their products and keeps loaded weights for the next
+// row; the accumulators no longer fit, and one spilled accumulator puts a
+// store and a reload (several cycles) on the loop-carried path of every
+// iteration. KVCAL_PIN(v) fixes v in a register at that point of the program
+// order (an empty volatile asm: no instruction), so that a vector is made
+// where it is used; Launder(p) makes loads through p new ones, so that GCC
+// reads operands from memory again instead of holding them. Elsewhere (32
+// registers, or no x86) both do nothing.
+// (Pin is a macro: through a function's reference parameter an element of
+// an array of vectors is no longer taken for a register.)
+#if HWY_ARCH_X86 && HWY_TARGET > HWY_AVX3 && HWY_TARGET != HWY_SCALAR
+#define KVCAL_PIN(v) asm volatile("" : "+x"((v).raw))
+#else
+#define KVCAL_PIN(v) ((void)0)
+#endif
+template <class T>
+HWY_INLINE T* Launder(T* p) {
+#if HWY_ARCH_X86 && HWY_TARGET > HWY_AVX3 && HWY_TARGET != HWY_SCALAR
+  asm volatile("" : "+r"(p));
+#endif
+  return p;
+}
+
 // Accumulation with the rows in order, each row's kC vectors of bytes read
 // at once (kQ * kC * kPer accumulators in registers): the codes stream
 // through the cache a row at a time instead of being revisited once per
@@ -1754,6 +1779,7 @@ KVCAL_FLATTEN void AccumulateIntQ(D8 d8, const std::uint8_t* codes, std::int64_t
   constexpr std::int64_t kAhead = 64;  // rows requested ahead of the first pass
   const hn::Repartition<std::int32_t, D8> d32;
   const auto N = static_cast<std::int64_t>(hn::Lanes(d8));
+  const auto N32 = static_cast<std::int64_t>(hn::Lanes(d32));
 #ifndef NDEBUG
   {  // the layout FlushTransposed relies on
     const Transpose4<D8> tr(d8);
@@ -1768,9 +1794,18 @@ KVCAL_FLATTEN void AccumulateIntQ(D8 d8, const std::uint8_t* codes, std::int64_t
   HWY_ALIGN std::uint8_t pad[4 * hn::MaxLanes(d8)];
   for (std::int64_t i = 0; i < run; i += N) {
     for (std::int64_t r = 0; r < std::min(rows, kAhead); ++r) __builtin_prefetch(codes + r * row_bytes + i, 0, 3);
-    for (int m0 = 0; m0 < 4; m0 += kM) {
-      hn::Vec<decltype(d32)> h[kM * kX], l[kM * kX];  // [transposed vector][query][phase], the limbs
-      Unroll<kM * kX>([&](auto x) { h[x] = l[x] = hn::Zero(d32); });
+    // The transposed vectors a pass covers, fixed at compile time (the
+    // interleavings of Transpose4::Apply chosen without a branch).
+    Unroll<4 / kM>([&](auto mi) KVCAL_INLINE_LAMBDA {
+      constexpr int m0 = decltype(mi)::value * kM;
+      // The int32 sums, [transposed vector][query][phase] for each limb, in
+      // memory: held in registers across the row loop they would push the
+      // int16 sums of its inner loop onto the stack.
+      HWY_ALIGN std::int32_t hs[kM * kX * hn::MaxLanes(d32)], ls[kM * kX * hn::MaxLanes(d32)];
+      Unroll<kM * kX>([&](auto x) {
+        hn::Store(hn::Zero(d32), d32, hs + x * N32);
+        if constexpr (kL == 2) hn::Store(hn::Zero(d32), d32, ls + x * N32);
+      });
       for (std::int64_t r0 = 0; r0 < rows; r0 += span) {
         hn::Vec<decltype(da)> ha[kM * kX], la[kM * kX];  // the same, for rows r0 .. r0 + span - 1
         Unroll<kM * kX>([&](auto x) { ha[x] = la[x] = hn::Zero(da); });
@@ -1786,9 +1821,12 @@ KVCAL_FLATTEN void AccumulateIntQ(D8 d8, const std::uint8_t* codes, std::int64_t
             Unroll<kQ>([&](auto j) KVCAL_INLINE_LAMBDA {
               constexpr int x0 = (decltype(mm)::value * kQ + decltype(j)::value) * kPer;
               const std::int8_t* wj = w8 + j * w8_stride;
-              const auto wh = weights(wj);
-              Unroll<kPer>([&](auto k)
-                               KVCAL_INLINE_LAMBDA { ha[x0 + k] = DotAcc<kPairTarget>(d8, ph[k], wh, ha[x0 + k]); });
+              auto wh = weights(wj);
+              KVCAL_PIN(wh);  // each query's weights where they are used (see KVCAL_PIN)
+              Unroll<kPer>([&](auto k) KVCAL_INLINE_LAMBDA {
+                ha[x0 + k] = DotAcc<kPairTarget>(d8, ph[k], wh, ha[x0 + k]);
+                KVCAL_PIN(ha[x0 + k]);
+              });
               if constexpr (kL == 2) {
                 const auto wl = weights(wj + rows);
                 Unroll<kPer>([&](auto k)
@@ -1811,15 +1849,17 @@ KVCAL_FLATTEN void AccumulateIntQ(D8 d8, const std::uint8_t* codes, std::int64_t
           group(base, stride, [&](const std::int8_t* w) { return Weights4(d8, w, r, rows); });
         }
         Unroll<kM * kX>([&](auto x) {
-          h[x] = AddAcc<kPairTarget>(d8, ha[x], h[x]);
-          if constexpr (kL == 2) l[x] = AddAcc<kPairTarget>(d8, la[x], l[x]);
+          hn::Store(AddAcc<kPairTarget>(d8, ha[x], hn::Load(d32, hs + x * N32)), d32, hs + x * N32);
+          if constexpr (kL == 2)
+            hn::Store(AddAcc<kPairTarget>(d8, la[x], hn::Load(d32, ls + x * N32)), d32, ls + x * N32);
         });
       }
       Unroll<kM * kX>([&](auto x) {
         constexpr int mm = decltype(x)::value / kX, q = decltype(x)::value % kX;
-        FlushTransposed<kL>(d32, h[x], l[x], m0 + mm, acc + q / kPer * acc_stride + q % kPer * run + i);
+        const auto h = hn::Load(d32, hs + x * N32), l = kL == 2 ? hn::Load(d32, ls + x * N32) : h;
+        FlushTransposed<kL>(d32, h, l, m0 + mm, acc + q / kPer * acc_stride + q % kPer * run + i);
       });
-    }
+    });
   }
 }
 #endif
@@ -1885,8 +1925,10 @@ KVCAL_FLATTEN std::int64_t ScoresIntRows(D8 d8, const std::uint8_t* codes, std::
     hn::Vec<decltype(da)> h[kA], l[kA];
     Unroll<kA>([&](auto x) KVCAL_INLINE_LAMBDA { h[x] = l[x] = hn::Zero(da); });
     for (std::int64_t i = 0; i < run; i += N) {
-      const std::int8_t* wi = wp + i * kL * kQ * kPer;
       Unroll<kR>([&](auto rr) KVCAL_INLINE_LAMBDA {
+        // In groups, each row reads the weights afresh, as operands of the
+        // products (see KVCAL_PIN; one query's weights stay in registers).
+        const std::int8_t* wi = kQ > 1 ? Launder(wp + i * kL * kQ * kPer) : wp + i * kL * kQ * kPer;
         const std::uint8_t* row = codes + (r + rr) * row_bytes;
         if (i == 0) __builtin_prefetch(row + kPrefetchRows * row_bytes, 0, 3);  // past the end is harmless
         const auto b = hn::LoadU(d8, row + i);
@@ -1897,7 +1939,11 @@ KVCAL_FLATTEN std::int64_t ScoresIntRows(D8 d8, const std::uint8_t* codes, std::
           Unroll<kPer>([&](auto k) KVCAL_INLINE_LAMBDA {
             const std::int8_t* wk = wi + ((j * kPer + k) * kL) * N;
             h[x] = DotAcc<kPairs>(d8, ph[k], hn::Load(di8, wk), h[x]);
-            if constexpr (kL == 2) l[x] = DotAcc<kPairs>(d8, ph[k], hn::Load(di8, wk + N), l[x]);
+            if constexpr (kQ > 1) KVCAL_PIN(h[x]);
+            if constexpr (kL == 2) {
+              l[x] = DotAcc<kPairs>(d8, ph[k], hn::Load(di8, wk + N), l[x]);
+              if constexpr (kQ > 1) KVCAL_PIN(l[x]);
+            }
           });
         });
       });
