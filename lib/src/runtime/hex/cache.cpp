@@ -353,45 +353,43 @@ void HexLayerCache::attend(const float* q, std::int64_t q_heads, float scale, fl
 void HexLayerCache::attend_head(const Impl& m, std::int64_t h, const float* q, std::int64_t group, float scale,
                                 float* out, float* probs) {
   const std::int64_t d = m.dim, S = m.tokens;
-  {
-    const Impl::Head& hd = m.head[static_cast<std::size_t>(h)];
-    const float* qh = q + h * group * d;
-    float* oh = out + h * group * d;
-    // Without a caller's buffer, the weights go to this thread's scratch: a
-    // fresh vector would be allocated (and zeroed) on every call, at 128 KiB
-    // per query head and 32K tokens.
-    thread_local std::vector<float> local;
-    float* p;
-    if (probs) {
-      p = probs + h * group * S;
-    } else {
-      if (static_cast<std::int64_t>(local.size()) < group * S) local.resize(static_cast<std::size_t>(group * S));
-      p = local.data();
-    }
-    // Each pass reads one of the head's two block streams front to back.
-    const std::vector<HexBlockView>& blocks = hd.blocks.views();
-    const std::size_t nb = blocks.size();
-    std::int64_t pos = 0;
-    KeyEntries ke;  // the mask's entries, shared by the blocks
-    ValueEntries ve;
-    for (std::size_t i = 0; i < nb; ++i) {
-      const HexBlockView& v = blocks[i];
-      block_scores(v, qh, group, d, scale, p + pos, S, m.opt.dot, ke);
-      pos += v.tokens;
-    }
-    const std::int64_t off = m.residual_offset();
-    half_scores(qh, group, d, hd.res_k.data() + off * d, S - pos, d, d, scale, p + pos, S);
-    softmax_rows(p, group, S, S);
-    for (std::int64_t j = 0; j < group; ++j) std::fill(oh + j * d, oh + (j + 1) * d, 0.0f);
-    pos = 0;
-    for (std::size_t i = 0; i < nb; ++i) {
-      const HexBlockView& v = blocks[i];
-      block_accumulate(v, p + pos, group, S, oh, d, m.opt.dot, ve);
-      pos += v.tokens;
-    }
-    ve.flush();
-    half_accumulate(p + pos, group, S, hd.res_v.data() + off * d, S - pos, d, d, oh, d);
+  const Impl::Head& hd = m.head[static_cast<std::size_t>(h)];
+  const float* qh = q + h * group * d;
+  float* oh = out + h * group * d;
+  // Without a caller's buffer, the weights go to this thread's scratch: a
+  // fresh vector would be allocated (and zeroed) on every call, at 128 KiB
+  // per query head and 32K tokens.
+  thread_local std::vector<float> local;
+  float* p;
+  if (probs) {
+    p = probs + h * group * S;
+  } else {
+    if (static_cast<std::int64_t>(local.size()) < group * S) local.resize(static_cast<std::size_t>(group * S));
+    p = local.data();
   }
+  // Each pass reads one of the head's two block streams front to back.
+  const std::vector<HexBlockView>& blocks = hd.blocks.views();
+  const std::size_t nb = blocks.size();
+  std::int64_t pos = 0;
+  KeyEntries ke;  // the mask's entries, shared by the blocks
+  ValueEntries ve;
+  for (std::size_t i = 0; i < nb; ++i) {
+    const HexBlockView& v = blocks[i];
+    block_scores(v, qh, group, d, scale, p + pos, S, m.opt.dot, ke);
+    pos += v.tokens;
+  }
+  const std::int64_t off = m.residual_offset();
+  half_scores(qh, group, d, hd.res_k.data() + off * d, S - pos, d, d, scale, p + pos, S);
+  softmax_rows(p, group, S, S);
+  for (std::int64_t j = 0; j < group; ++j) std::fill(oh + j * d, oh + (j + 1) * d, 0.0f);
+  pos = 0;
+  for (std::size_t i = 0; i < nb; ++i) {
+    const HexBlockView& v = blocks[i];
+    block_accumulate(v, p + pos, group, S, oh, d, m.opt.dot, ve);
+    pos += v.tokens;
+  }
+  ve.flush();
+  half_accumulate(p + pos, group, S, hd.res_v.data() + off * d, S - pos, d, d, oh, d);
 }
 
 std::int64_t HexLayerCache::tokens() const { return impl_->tokens; }
