@@ -874,16 +874,22 @@ HWY_INLINE void WithGroupTag3(std::int64_t run, F f) {
 // 3-bit codes widened to 4 bits: n groups of three bytes (eight codes, code
 // k at bits 3k) at src to n little-endian 32-bit words at dst (code k in
 // nibble k), i.e. a 3-bit row stream becomes the 4-bit row stream of the same
-// codes. Three shift-mask-merge steps per vector of groups: halves, pairs,
-// codes. The integer kernels then read 3-bit rows as 4-bit rows.
+// codes. The integer kernels then read 3-bit rows as 4-bit rows. Per vector
+// of groups: blends give byte m of a group bits [6m, 6m + 8) -- each 16-bit
+// half its 12 bits at 0 (the low half as it is, the high one from the group
+// shifted by 4), then each byte its 6 bits at 0 (the low byte as it is, the
+// high one from the half shifted by 2); bits 6-7 of a byte are left over,
+// and one shift-mask-merge puts its codes in nibbles.
 #if HWY_TARGET != HWY_SCALAR
 template <class VU>
 HWY_INLINE VU Widen3To4(VU x) {
   const hn::DFromV<VU> du;
-  using T = hn::TFromD<decltype(du)>;
-  x = hn::OrAnd(hn::And(x, hn::Set(du, T{0xfffu})), hn::ShiftLeft<4>(x), hn::Set(du, T{0x0fff0000u}));
-  x = hn::OrAnd(hn::And(x, hn::Set(du, T{0x003f003fu})), hn::ShiftLeft<2>(x), hn::Set(du, T{0x3f003f00u}));
-  return hn::OrAnd(hn::And(x, hn::Set(du, T{0x07070707u})), hn::ShiftLeft<1>(x), hn::Set(du, T{0x70707070u}));
+  const hn::Repartition<std::uint16_t, decltype(du)> du16;
+  const hn::Repartition<std::uint8_t, decltype(du)> du8;
+  const auto h = hn::OddEven(hn::BitCast(du16, hn::ShiftLeft<4>(x)), hn::BitCast(du16, x));
+  const auto b = hn::OddEven(hn::BitCast(du8, hn::ShiftLeft<2>(h)), hn::BitCast(du8, h));
+  const auto b1 = hn::BitCast(du8, hn::ShiftLeft<1>(hn::BitCast(du16, b)));  // bit 7 into the next byte's bit 0
+  return hn::BitCast(du, hn::OrAnd(hn::And(b, hn::Set(du8, 0x07)), b1, hn::Set(du8, 0x70)));
 }
 #endif
 
