@@ -49,8 +49,8 @@ using DH = hn::Rebind<hwy::float16_t, DF>;
 // (The blocks follow one another in memory, so near a block's end this
 // reaches into the next one.) 48 rows, 3 KiB of 4-bit codes: on a 2-vCPU
 // Zen 3 guest, decode over 32K tokens against 16 rows took 10% less at
-// kcvt4@int8 with a GQA group of 4 and 5-10% less at fp16; 32 and 96 rows
-// were no better for the codes.
+// kcvt4@int8 with a GQA group of 4, and 2% / 10% less at fp16 with groups
+// of 1 / 4; 32 and 96 rows were no better for the codes.
 constexpr std::int64_t kPrefetchRows = 48;
 
 HWY_INLINE float Sum(DF d, hn::Vec<DF> v) { return hn::GetLane(hn::SumOfLanes(d, v)); }
@@ -432,14 +432,19 @@ HWY_INLINE void Unroll(F f) {
 // registers, or no x86) both do nothing.
 // (Pin is a macro: through a function's reference parameter an element of
 // an array of vectors is no longer taken for a register.)
+// Both macros are defined afresh in each target's pass of this file.
+#undef KVCAL_SIXTEEN_REGISTERS
+#undef KVCAL_PIN
 #if HWY_ARCH_X86 && HWY_TARGET > HWY_AVX3 && HWY_TARGET != HWY_SCALAR
+#define KVCAL_SIXTEEN_REGISTERS 1
 #define KVCAL_PIN(v) asm volatile("" : "+x"((v).raw))
 #else
+#define KVCAL_SIXTEEN_REGISTERS 0
 #define KVCAL_PIN(v) ((void)0)
 #endif
 template <class T>
 HWY_INLINE T* Launder(T* p) {
-#if HWY_ARCH_X86 && HWY_TARGET > HWY_AVX3 && HWY_TARGET != HWY_SCALAR
+#if KVCAL_SIXTEEN_REGISTERS
   asm volatile("" : "+r"(p));
 #endif
   return p;
