@@ -6,8 +6,9 @@
 //    code_scores_int (int14: two limbs, int8: one) for a GQA group.
 //  kernel/accumulate/<dot>/<bits>/<group>: code_accumulate(_int) likewise.
 //  kernel/quantize/<dot>: the fixed-point weights of one query's 128 weights.
-//  kernel/widen3: a block's 3-bit rows widened to 4 bits, which the integer
-//    kernels then read (their 3-bit figures include this step).
+//  kernel/widen3: a block's 3-bit rows widened to 4 bits, as the integer
+//    kernels read them where they do not widen them in registers (the
+//    int14 path, and targets without the unrolled kernels).
 //  kernel/softmax: softmax_row over one query's 32K scores (the decode
 //    benchmark's context; 128 KB, in the L2 cache), items = weights.
 // items_per_second counts codes times queries (multiply-adds).
@@ -42,17 +43,6 @@ struct Inputs {
     w8.resize(static_cast<std::size_t>(group * n_weights * limbs));
     for (auto& x : w8) x = static_cast<std::int8_t>(i8(rng));
   }
-  // The rows the integer kernels read: 3-bit rows widened to 4 bits first,
-  // inside the timed loop, as the decode does per block.
-  std::vector<std::uint8_t> wide;
-  const std::uint8_t* int_codes(int bits) {
-    if (bits != 3) return codes.data();
-    wide.resize(static_cast<std::size_t>(kRows * kDim / 2));
-    d::widen_codes3(codes.data(), kRows, kDim, wide.data());
-    return wide.data();
-  }
-  static std::int64_t int_row_bytes(int bits) { return kDim * (bits == 3 ? 4 : bits) / 8; }
-  static int int_bits(int bits) { return bits == 3 ? 4 : bits; }
 };
 
 int limbs_of(const std::string& dot) { return dot == "int14" ? 2 : 1; }
@@ -68,8 +58,8 @@ void scores(benchmark::State& state, const std::string& dot) {
     if (dot == "float32")
       d::code_scores(in.codes.data(), kRows, in.row_bytes, bits, kDim, in.w.data(), group, kDim, out.data(), kRows);
     else
-      d::code_scores_int(in.int_codes(bits), kRows, in.int_row_bytes(bits), in.int_bits(bits), kDim, limbs,
-                         in.w8.data(), group, limbs * kDim, iout.data(), kRows);
+      d::code_scores_int(in.codes.data(), kRows, in.row_bytes, bits, kDim, limbs, in.w8.data(), group, limbs * kDim,
+                         iout.data(), kRows);
     benchmark::DoNotOptimize(out.data());
     benchmark::DoNotOptimize(iout.data());
   }
@@ -87,15 +77,15 @@ void accumulate(benchmark::State& state, const std::string& dot) {
     if (dot == "float32")
       d::code_accumulate(in.codes.data(), kRows, in.row_bytes, bits, kDim, in.w.data(), group, kRows, acc.data(), kDim);
     else
-      d::code_accumulate_int(in.int_codes(bits), kRows, in.int_row_bytes(bits), in.int_bits(bits), kDim, limbs,
-                             in.w8.data(), group, limbs * kRows, iacc.data(), kDim);
+      d::code_accumulate_int(in.codes.data(), kRows, in.row_bytes, bits, kDim, limbs, in.w8.data(), group,
+                             limbs * kRows, iacc.data(), kDim);
     benchmark::DoNotOptimize(acc.data());
     benchmark::DoNotOptimize(iacc.data());
   }
   state.SetItemsProcessed(state.iterations() * kRows * kDim * group);
 }
 
-// 3-bit rows widened to 4 bits (what the integer kernels read for 3 bits).
+// 3-bit rows widened to 4 bits.
 void widen3(benchmark::State& state) {
   Inputs in(3, 1, kDim, 1);
   std::vector<std::uint8_t> wide(static_cast<std::size_t>(kRows * kDim / 2));

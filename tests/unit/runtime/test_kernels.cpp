@@ -360,16 +360,19 @@ TEST(HexKernels, HalfRowsAndDenseLoopsMatchReference) {
 // The integer kernels are exact: every target must give the reference's
 // int32 sums bit for bit, with one limb (int8) and two (int14), and the
 // reference must equal the float reference fed the same integer weights (a
-// check of its slot mapping and of the limbs' meaning).
+// check of its slot mapping and of the limbs' meaning). 3-bit rows are read
+// in place (the last one of a block from a widened copy): row counts around
+// the kernels' steps of 4 and 8 rows, buffers of exactly the rows' size for
+// even counts.
 TEST(HexKernels, IntegerCodeKernelsEqualReferenceExactly) {
   on_every_target([] {
     std::mt19937_64 rng(0x696e7431);
     std::uniform_int_distribution<int> byte(0, 255), hi(-64, 63), lo(0, 127), w8(-127, 127);
     for (const int limbs : {1, 2})
       for (const i64 dim : {16, 32, 64, 96, 128, 192, 256, 12, 130})
-        for (const int bits : {2, 3, 4})  // 3: the reference (the decode widens 3-bit rows first)
+        for (const int bits : {2, 3, 4})
           for (const i64 nq : {1, 2, 3, 4, 5})
-            for (const i64 rows : {1, 3, 4, 5, 7, 33, 96}) {
+            for (const i64 rows : {1, 2, 3, 4, 5, 7, 8, 9, 16, 17, 33, 96, 97}) {
               SCOPED_TRACE("limbs " + std::to_string(limbs) + " dim " + std::to_string(dim) + " bits " +
                            std::to_string(bits) + " nq " + std::to_string(nq) + " rows " + std::to_string(rows));
               const i64 rb = (dim * bits + 7) / 8 + (rows % 2);  // padded rows for odd row counts
@@ -399,10 +402,13 @@ TEST(HexKernels, IntegerCodeKernelsEqualReferenceExactly) {
               code_scores_int(codes.data(), rows, rb, bits, dim, limbs, w.data(), nq, ws, out.data(), os);
               code_scores_int_reference(codes.data(), rows, rb, bits, dim, limbs, w.data(), nq, ws, ref.data(), os);
               ASSERT_EQ(out, ref);
+              // The float kernels' slot order is the stored one; the integer
+              // kernels' differs for 3 bits (int_slots).
+              const Slots fs(bits, dim), is = int_slots(bits, dim);
               std::vector<float> wf(static_cast<std::size_t>(nq * dim));
               for (i64 j = 0; j < nq; ++j)
                 for (i64 c = 0; c < dim; ++c)
-                  wf[static_cast<std::size_t>(j * dim + c)] = value(w.data() + j * ws, dim, c);
+                  wf[static_cast<std::size_t>(j * dim + fs.slot(c))] = value(w.data() + j * ws, dim, is.slot(c));
               std::vector<float> fref(static_cast<std::size_t>(nq * os));
               code_scores_reference(codes.data(), rows, rb, bits, dim, wf.data(), nq, dim, fref.data(), os);
               for (i64 j = 0; j < nq; ++j)
@@ -430,9 +436,9 @@ TEST(HexKernels, IntegerCodeKernelsEqualReferenceExactly) {
               code_accumulate_reference(codes.data(), rows, rb, bits, dim, af.data(), nq, rows, facc.data(), dim);
               for (i64 j = 0; j < nq; ++j)
                 for (i64 c = 0; c < dim; ++c)
-                  ASSERT_EQ(static_cast<float>(accref[static_cast<std::size_t>(j * cs + c)] -
-                                               acc0[static_cast<std::size_t>(j * cs + c)]),
-                            facc[static_cast<std::size_t>(j * dim + c)]);
+                  ASSERT_EQ(static_cast<float>(accref[static_cast<std::size_t>(j * cs + is.slot(c))] -
+                                               acc0[static_cast<std::size_t>(j * cs + is.slot(c))]),
+                            facc[static_cast<std::size_t>(j * dim + fs.slot(c))]);
             }
   });
 }
@@ -444,7 +450,7 @@ TEST(HexKernels, IntegerCodeKernelsEqualReferenceExactly) {
 TEST(HexKernels, IntegerCodeKernelsHoldTheirExtremes) {
   on_every_target([] {
     for (const int limbs : {1, 2})
-      for (const int bits : {2, 4})
+      for (const int bits : {2, 3, 4})
         for (const i64 dim : {64, 128, 256, 512})
           for (const int sign : {-1, 1}) {
             SCOPED_TRACE("limbs " + std::to_string(limbs) + " bits " + std::to_string(bits) + " dim " +

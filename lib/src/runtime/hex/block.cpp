@@ -213,7 +213,6 @@ namespace {
 struct Scratch {
   std::vector<float> qd, bias, kmin, params, sparse, qs, acc, base, a, ws, kept, tmp;
   std::vector<std::int8_t> w8;
-  std::vector<std::uint8_t> wide;
   std::vector<std::int32_t> qi;
   template <class T>
   static T* get(std::vector<T>& v, std::int64_t n) {
@@ -226,27 +225,14 @@ thread_local Scratch scratch;
 // The int8 limbs per weight of an integer dot product.
 int dot_limbs(HexDot dot) { return dot == HexDot::int8 ? 1 : 2; }
 
-// How the code kernels read a block's packed rows: the integer kernels read
-// 3-bit rows widened to 4 bits (one nibble per code), the rest as stored.
+// The slot order the code kernels take a block's weights in: the integer
+// kernels' (int_slots: 3-bit rows in the 4-bit order) or the float ones'.
 struct CodeRows {
   bool int_dot;
-  int bits;
   Slots slots;
   CodeRows(const HexBlockView& b, HexDot dot)
       : int_dot(dot != HexDot::float32 && int_dot_layout(b.bits, b.head_dim)),
-        bits(int_dot && b.bits == 3 ? 4 : b.bits),
-        slots(bits, b.head_dim) {}
-  // The rows of `codes` (b's nqr quantized rows) as the kernels read them,
-  // with their row stride.
-  const std::uint8_t* rows(const HexBlockView& b, const std::uint8_t* codes, std::int64_t nqr,
-                           std::int64_t& row_bytes) const {
-    row_bytes = b.row_bytes;
-    if (bits == b.bits) return codes;
-    std::uint8_t* wide = Scratch::get(scratch.wide, nqr * b.head_dim / 2);
-    widen_codes3(codes, nqr, b.head_dim, wide);
-    row_bytes = b.head_dim / 2;
-    return wide;
-  }
+        slots(int_dot ? int_slots(b.bits, b.head_dim) : Slots(b.bits, b.head_dim)) {}
 };
 
 // Calls f(first, count, quantized_index_of_first) for each run of quantized
@@ -351,9 +337,7 @@ void detail::block_scores(const HexBlockView& b, const float* q, std::int64_t nq
       std::int32_t* qi_out = Scratch::get(sc.qi, nq * nqr);
       float* ws_out = Scratch::get(sc.ws, nq);
       quantize_rows(limbs, qd, nq, d, w8, ws_out);
-      std::int64_t row_bytes = 0;
-      const std::uint8_t* codes = cr.rows(b, b.k_codes, nqr, row_bytes);
-      code_scores_int(codes, nqr, row_bytes, cr.bits, d, limbs, w8, nq, limbs * d, qi_out, nqr);
+      code_scores_int(b.k_codes, nqr, b.row_bytes, b.bits, d, limbs, w8, nq, limbs * d, qi_out, nqr);
       qi = qi_out;
       ws = ws_out;
       if (d1 > 0)
@@ -454,9 +438,7 @@ void detail::block_accumulate(const HexBlockView& b, const float* p, std::int64_
     float* ws = Scratch::get(sc.ws, nq);
     quantize_rows(limbs, a, nq, nqr, w8, ws);
     std::fill(ai, ai + nq * d, 0);
-    std::int64_t row_bytes = 0;
-    const std::uint8_t* codes = cr.rows(b, b.v_codes, nqr, row_bytes);
-    code_accumulate_int(codes, nqr, row_bytes, cr.bits, d, limbs, w8, nq, limbs * nqr, ai, d);
+    code_accumulate_int(b.v_codes, nqr, b.row_bytes, b.bits, d, limbs, w8, nq, limbs * nqr, ai, d);
     for (std::int64_t j = 0; j < nq; ++j) add_slots_int(ai + j * d, sl, ws[j], base[j], out + j * out_stride);
     return;
   }

@@ -886,13 +886,24 @@ HWY_INLINE void WithGroupTag3(std::int64_t run, F f) {
 // high one from the half shifted by 2); bits 6-7 of a byte are left over,
 // and one shift-mask-merge puts its codes in nibbles.
 #if HWY_TARGET != HWY_SCALAR
+// The first two steps: byte m of each group holds codes 2m and 2m + 1 in
+// bits 0-2 and 3-5 (bits 6-7: the group's next bits), which the integer
+// kernels split as they split 4-bit bytes (shift and mask). This is how they
+// read 3-bit rows in place (see IntBytes).
+template <class VU>
+HWY_INLINE VU Widen3ToPairs(VU x) {
+  const hn::DFromV<VU> du;
+  const hn::Repartition<std::uint16_t, decltype(du)> du16;
+  const hn::Repartition<std::uint8_t, decltype(du)> du8;
+  const auto h = hn::OddEven(hn::BitCast(du16, hn::ShiftLeft<4>(x)), hn::BitCast(du16, x));
+  return hn::BitCast(du, hn::OddEven(hn::BitCast(du8, hn::ShiftLeft<2>(h)), hn::BitCast(du8, h)));
+}
 template <class VU>
 HWY_INLINE VU Widen3To4(VU x) {
   const hn::DFromV<VU> du;
   const hn::Repartition<std::uint16_t, decltype(du)> du16;
   const hn::Repartition<std::uint8_t, decltype(du)> du8;
-  const auto h = hn::OddEven(hn::BitCast(du16, hn::ShiftLeft<4>(x)), hn::BitCast(du16, x));
-  const auto b = hn::OddEven(hn::BitCast(du8, hn::ShiftLeft<2>(h)), hn::BitCast(du8, h));
+  const auto b = hn::BitCast(du8, Widen3ToPairs(x));
   const auto b1 = hn::BitCast(du8, hn::ShiftLeft<1>(hn::BitCast(du16, b)));  // bit 7 into the next byte's bit 0
   return hn::BitCast(du, hn::OrAnd(hn::And(b, hn::Set(du8, 0x07)), b1, hn::Set(du8, 0x70)));
 }
@@ -956,6 +967,25 @@ void WidenCodes3(const std::uint8_t* src, std::int64_t n, std::uint8_t* dst) {
   for (; g < n; ++g) {
     const std::uint32_t y = Widen3To4Scalar(Group3(src, g));
     for (int m = 0; m < 4; ++m) dst[4 * g + m] = static_cast<std::uint8_t>(y >> (8 * m));
+  }
+}
+
+// f(wide, n, r0) for the 3-bit rows r0 .. r0 + n - 1 (dim % 8 == 0) widened
+// to 4-bit rows of dim / 2 bytes, a chunk of them at a time in a buffer on the
+// stack (dim / 2 <= kIntWide3Bytes): how the integer kernels read 3-bit rows
+// where they do not read them in place.
+template <class F>
+void WidenedChunks3(const std::uint8_t* codes, std::int64_t rows, std::int64_t row_bytes, std::int64_t dim, F f) {
+  alignas(64) static thread_local std::uint8_t wide[kIntWide3Bytes];
+  const std::int64_t wb = dim / 2, chunk = kIntWide3Bytes / wb;
+  for (std::int64_t r0 = 0; r0 < rows; r0 += chunk) {
+    const std::int64_t n = std::min(chunk, rows - r0);
+    if (row_bytes == dim / 8 * 3) {  // rows one after the other: one stream of groups
+      WidenCodes3(codes + r0 * row_bytes, n * (dim / 8), wide);
+    } else {
+      for (std::int64_t k = 0; k < n; ++k) WidenCodes3(codes + (r0 + k) * row_bytes, dim / 8, wide + k * wb);
+    }
+    f(static_cast<const std::uint8_t*>(wide), n, r0);
   }
 }
 
@@ -1549,6 +1579,45 @@ HWY_INLINE hn::Vec<D8> PhaseBytes(D8 d8, hn::Vec<D8> b) {
   return hn::And(hn::BitCast(d8, hn::ShiftRight<k * kBits>(hn::BitCast(du16, b))), mask);
 }
 
+// Codes per byte of the rows the integer kernels read: four of 2 bits, two
+// of 4 bits, and two of 3 bits (3-bit rows are read widened, see IntBytes).
+constexpr int IntPhases(int bits) { return bits == 2 ? 4 : 2; }
+
+// Where the bytes [i, i + N) of a row the integer kernels read come from:
+// 2 and 4 bits, the stored bytes [i, i + N); 3 bits, the stored groups of
+// eight codes from byte 3i / 4 (i is a multiple of 16).
+template <int kBits>
+constexpr std::int64_t IntOffset(std::int64_t i) {
+  return kBits == 3 ? i / 4 * 3 : i;
+}
+
+#if HWY_TARGET != HWY_SCALAR
+// The constants of a 3-bit read (see LoadGroups3) for vectors of bytes D8.
+template <class D8>
+struct Groups3 {
+  using DG = hn::Repartition<float, D8>;  // one lane per group of eight codes
+  using DU = hn::RebindToUnsigned<DG>;
+  decltype(hn::IndicesFromVec(DU(), GroupPermutation3(DG()))) perm;
+  decltype(GroupShuffle3(DG())) shuffle;
+  Groups3() : perm(hn::IndicesFromVec(DU(), GroupPermutation3(DG()))), shuffle(GroupShuffle3(DG())) {}
+};
+
+// A vector of the bytes the integer kernels read, from p = row +
+// IntOffset<kBits>(i): for 2 and 4 bits a load; for 3 bits the N / 4 groups
+// at p widened in registers to two codes per byte (Widen3ToPairs), so that
+// PhaseBytes<3, k> splits them. The 3-bit read loads N bytes for its 3N / 4:
+// it must not be used on the last row of a block.
+template <int kBits, class D8>
+HWY_INLINE hn::Vec<D8> IntBytes(D8 d8, const std::uint8_t* p, const Groups3<D8>& g3) {
+  if constexpr (kBits == 3) {
+    return hn::BitCast(d8, Widen3ToPairs(LoadGroups3(typename Groups3<D8>::DG(), p, g3.perm, g3.shuffle)));
+  } else {
+    (void)g3;
+    return hn::LoadU(d8, p);
+  }
+}
+#endif
+
 // Sums of the lanes of four int32 vectors at once (rows r0..r3 of one
 // query): two rounds of interleaving leave row (lane mod 4) in every lane
 // -- with either meaning of InterleaveLower (per 128-bit block on x86 and
@@ -1718,7 +1787,7 @@ HWY_INLINE void FlushLimbs(D32 d32, hn::Vec<D32> h, hn::Vec<D32> l, const std::i
 // KVCAL_ROW_KERNELS; valgrind checks that kernel in the Release build).
 template <int kPer, int kM, int kL, class D8>
 void AccumulateInt(D8 d8, const std::uint8_t* codes, std::int64_t rows, std::int64_t row_bytes, std::int64_t run,
-                   const std::int8_t* w8, std::int32_t* acc) {
+                   const std::int8_t* w8, std::int64_t limb_stride, std::int32_t* acc) {
   constexpr int kBits = 8 / kPer;
   const hn::Repartition<std::int32_t, D8> d32;
   const auto N = static_cast<std::int64_t>(hn::Lanes(d8));
@@ -1735,7 +1804,7 @@ void AccumulateInt(D8 d8, const std::uint8_t* codes, std::int64_t rows, std::int
         const std::uint8_t* base = RowGroup(d8, codes + r * row_bytes + i, r, rows, stride, pad);
         const auto r0 = hn::LoadU(d8, base), r1 = hn::LoadU(d8, base + stride);
         const auto r2 = hn::LoadU(d8, base + 2 * stride), r3 = hn::LoadU(d8, base + 3 * stride);
-        const auto wh = Weights4(d8, w8, r, rows), wl = Weights4(d8, w8 + (kL - 1) * rows, r, rows);
+        const auto wh = Weights4(d8, w8, r, rows), wl = Weights4(d8, w8 + (kL - 1) * limb_stride, r, rows);
         const auto one = [&](int mm, auto& h0, auto& h1, auto& h2, auto& h3, auto& l0, auto& l1, auto& l2, auto& l3) {
           const auto t = Transpose4<D8>::Apply(d8, r0, r1, r2, r3, m0 + mm);
           const auto ph = [&](auto c, auto& h, auto& l) {
@@ -1784,12 +1853,15 @@ HWY_INLINE void FlushTransposed(D32 d32, hn::Vec<D32> h, hn::Vec<D32> l, int m, 
 
 // kQ queries of a GQA group share each load and transposition of the codes,
 // kM of the four transposed vectors per pass over the rows (kM kL kQ kPer
-// accumulators in registers).
-template <int kPer, int kQ, int kL, class D8>
+// accumulators in registers). The lo limbs of the rows' weights are
+// limb_stride after their hi limbs. 3-bit rows (kBits = 3) are read in place
+// (IntBytes) but for the last group of four rows, which holds the block's
+// last row: those rows are widened to 4-bit rows first (4 run <= kIntWide3Bytes).
+template <int kBits, int kQ, int kL, class D8>
 KVCAL_FLATTEN void AccumulateIntQ(D8 d8, const std::uint8_t* codes, std::int64_t rows, std::int64_t row_bytes,
-                                  std::int64_t run, const std::int8_t* w8, std::int64_t w8_stride, std::int32_t* acc,
-                                  std::int64_t acc_stride) {
-  constexpr int kBits = 8 / kPer, kX = kQ * kPer;
+                                  std::int64_t run, const std::int8_t* w8, std::int64_t limb_stride,
+                                  std::int64_t w8_stride, std::int32_t* acc, std::int64_t acc_stride) {
+  constexpr int kPer = IntPhases(kBits), kX = kQ * kPer;
   constexpr int kFit = kAccVectors / (kL * kX);
   constexpr int kM = kFit >= 4 ? 4 : kFit >= 2 ? 2 : 1;
   constexpr std::int64_t kAhead = 64;  // rows requested ahead of the first pass
@@ -1807,9 +1879,25 @@ KVCAL_FLATTEN void AccumulateIntQ(D8 d8, const std::uint8_t* codes, std::int64_t
   // Rows per int16 accumulation (one pair sum per group of four rows).
   const std::int64_t span = kPairTarget ? 4 * kPairSums : rows;
   const AccTag<kPairTarget, D8> da;
-  HWY_ALIGN std::uint8_t pad[4 * hn::MaxLanes(d8)];
+  [[maybe_unused]] HWY_ALIGN std::uint8_t pad[4 * hn::MaxLanes(d8)];  // 2 and 4 bits
+  const Groups3<D8> g3;
+  // Rows [0, direct) are read in place; 3 bits: the rows from direct on,
+  // widened (and zero rows up to four).
+  const std::int64_t direct = kBits == 3 ? (rows - 1) / 4 * 4 : rows;
+  HWY_ALIGN std::uint8_t tail3[kBits == 3 ? kIntWide3Bytes : 1];
+  if constexpr (kBits == 3) {
+    assert(4 * run <= kIntWide3Bytes);
+    std::memset(tail3, 0, static_cast<std::size_t>(4 * run));
+    if (row_bytes == run / 4 * 3) {
+      WidenCodes3(codes + direct * row_bytes, (rows - direct) * (run / 4), tail3);
+    } else {
+      for (std::int64_t r = direct; r < rows; ++r)
+        WidenCodes3(codes + r * row_bytes, run / 4, tail3 + (r - direct) * run);
+    }
+  }
   for (std::int64_t i = 0; i < run; i += N) {
-    for (std::int64_t r = 0; r < std::min(rows, kAhead); ++r) __builtin_prefetch(codes + r * row_bytes + i, 0, 3);
+    const std::int64_t at = IntOffset<kBits>(i);  // where vector i of a row is read from
+    for (std::int64_t r = 0; r < std::min(rows, kAhead); ++r) __builtin_prefetch(codes + r * row_bytes + at, 0, 3);
     // The transposed vectors a pass covers, fixed at compile time (the
     // interleavings of Transpose4::Apply chosen without a branch).
     Unroll<4 / kM>([&](auto mi) KVCAL_INLINE_LAMBDA {
@@ -1825,15 +1913,17 @@ KVCAL_FLATTEN void AccumulateIntQ(D8 d8, const std::uint8_t* codes, std::int64_t
       for (std::int64_t r0 = 0; r0 < rows; r0 += span) {
         hn::Vec<decltype(da)> ha[kM * kX], la[kM * kX];  // the same, for rows r0 .. r0 + span - 1
         Unroll<kM * kX>([&](auto x) { ha[x] = la[x] = hn::Zero(da); });
-        // One group of four rows (at base, stride apart), their weights from
-        // weights(w) for a query's limb of weights w.
-        const auto group = [&](const std::uint8_t* base, std::int64_t stride, auto weights) KVCAL_INLINE_LAMBDA {
-          const auto c0 = hn::LoadU(d8, base), c1 = hn::LoadU(d8, base + stride);
-          const auto c2 = hn::LoadU(d8, base + 2 * stride), c3 = hn::LoadU(d8, base + 3 * stride);
+        // One group of four rows of kB-bit codes (at base, stride apart),
+        // their weights from weights(w) for a query's limb of weights w.
+        const auto group = [&](const std::uint8_t* base, std::int64_t stride, auto weights,
+                               auto bits_c) KVCAL_INLINE_LAMBDA {
+          constexpr int kB = decltype(bits_c)::value;
+          const auto c0 = IntBytes<kB>(d8, base, g3), c1 = IntBytes<kB>(d8, base + stride, g3);
+          const auto c2 = IntBytes<kB>(d8, base + 2 * stride, g3), c3 = IntBytes<kB>(d8, base + 3 * stride, g3);
           Unroll<kM>([&](auto mm) KVCAL_INLINE_LAMBDA {
             const auto t = Transpose4<D8>::Apply(d8, c0, c1, c2, c3, m0 + mm);
             hn::Vec<D8> ph[kPer];
-            Unroll<kPer>([&](auto k) KVCAL_INLINE_LAMBDA { ph[k] = PhaseBytes<kBits, k>(d8, t); });
+            Unroll<kPer>([&](auto k) KVCAL_INLINE_LAMBDA { ph[k] = PhaseBytes<kB, k>(d8, t); });
             Unroll<kQ>([&](auto j) KVCAL_INLINE_LAMBDA {
               constexpr int x0 = (decltype(mm)::value * kQ + decltype(j)::value) * kPer;
               const std::int8_t* wj = w8 + j * w8_stride;
@@ -1844,7 +1934,7 @@ KVCAL_FLATTEN void AccumulateIntQ(D8 d8, const std::uint8_t* codes, std::int64_t
                 KVCAL_PIN(ha[x0 + k]);
               });
               if constexpr (kL == 2) {
-                const auto wl = weights(wj + rows);
+                const auto wl = weights(wj + limb_stride);
                 Unroll<kPer>([&](auto k)
                                  KVCAL_INLINE_LAMBDA { la[x0 + k] = DotAcc<kPairTarget>(d8, ph[k], wl, la[x0 + k]); });
               }
@@ -1853,16 +1943,23 @@ KVCAL_FLATTEN void AccumulateIntQ(D8 d8, const std::uint8_t* codes, std::int64_t
         };
         const std::int64_t r1 = std::min(rows, r0 + span);
         std::int64_t r = r0;
-        for (; r + 4 <= r1; r += 4) {  // whole groups: no padding, four weights in one load
-          if (m0 == 0)                 // the first pass streams the rows in; past the end is harmless
-            for (int k = 0; k < 4; ++k) __builtin_prefetch(codes + (r + k + kAhead) * row_bytes + i, 0, 3);
-          group(codes + r * row_bytes + i, row_bytes,
-                [&](const std::int8_t* w) KVCAL_INLINE_LAMBDA { return Weights4(d8, w, r, r + 4); });
+        for (; r + 4 <= std::min(r1, direct); r += 4) {  // whole groups: no padding, four weights in one load
+          if (m0 == 0)                                   // the first pass streams the rows in; past the end is harmless
+            for (int k = 0; k < 4; ++k) __builtin_prefetch(codes + (r + k + kAhead) * row_bytes + at, 0, 3);
+          group(
+              codes + r * row_bytes + at, row_bytes,
+              [&](const std::int8_t* w) KVCAL_INLINE_LAMBDA { return Weights4(d8, w, r, r + 4); },
+              std::integral_constant<int, kBits>());
         }
-        if (r < r1) {  // the last rows % 4 rows, next to zero rows
-          std::int64_t stride = row_bytes;
-          const std::uint8_t* base = RowGroup(d8, codes + r * row_bytes + i, r, rows, stride, pad);
-          group(base, stride, [&](const std::int8_t* w) { return Weights4(d8, w, r, rows); });
+        if (r < r1) {  // the last rows, next to zero rows
+          const auto weights = [&](const std::int8_t* w) { return Weights4(d8, w, r, rows); };
+          if constexpr (kBits == 3) {
+            group(tail3 + i, run, weights, std::integral_constant<int, 4>());
+          } else {
+            std::int64_t stride = row_bytes;
+            const std::uint8_t* base = RowGroup(d8, codes + r * row_bytes + i, r, rows, stride, pad);
+            group(base, stride, weights, std::integral_constant<int, kBits>());
+          }
         }
         Unroll<kM * kX>([&](auto x) {
           hn::Store(AddAcc<kPairTarget>(d8, ha[x], hn::Load(d32, hs + x * N32)), d32, hs + x * N32);
@@ -1880,32 +1977,62 @@ KVCAL_FLATTEN void AccumulateIntQ(D8 d8, const std::uint8_t* codes, std::int64_t
 }
 #endif
 
+// Whether the integer kernels read 3-bit rows in place (IntBytes) for one
+// query with kL limbs of weights: the unrolled kernels of fixed-size
+// targets, one limb. Otherwise, and for GQA groups, the rows are widened to
+// 4-bit rows a chunk at a time. (In place, each kernel reads a block's codes
+// once, widening them on the way: 6-7% less time than widening first at one
+// query on AVX2. For groups it costs more: the accumulation passes over the
+// codes once per quarter of its transposed vectors, widening them each time,
+// and the widening's constants push the score sums out of 16 registers.)
+template <int kL>
+constexpr bool Fused3() {
+#if !HWY_HAVE_SCALABLE && KVCAL_ROW_KERNELS && HWY_TARGET != HWY_SCALAR
+  return kL == 1;
+#else
+  return false;
+#endif
+}
+
 template <int kL, class D8>
-void AccumulateIntPer(D8 d8, int per, const std::uint8_t* codes, std::int64_t rows, std::int64_t row_bytes,
-                      std::int64_t run, const std::int8_t* w8, std::int64_t nq, std::int64_t w8_stride,
-                      std::int32_t* acc, std::int64_t acc_stride) {
+void AccumulateIntPer(D8 d8, int bits, const std::uint8_t* codes, std::int64_t rows, std::int64_t row_bytes,
+                      std::int64_t run, const std::int8_t* w8, std::int64_t limb_stride, std::int64_t nq,
+                      std::int64_t w8_stride, std::int32_t* acc, std::int64_t acc_stride) {
+  if (bits == 3) {
+#if !HWY_HAVE_SCALABLE && KVCAL_ROW_KERNELS
+    if constexpr (Fused3<kL>()) {
+      if (nq == 1)
+        return AccumulateIntQ<3, 1, kL>(d8, codes, rows, row_bytes, run, w8, limb_stride, w8_stride, acc, acc_stride);
+    }
+#endif
+    WidenedChunks3(codes, rows, row_bytes, 2 * run, [&](const std::uint8_t* wide, std::int64_t n, std::int64_t r0) {
+      AccumulateIntPer<kL>(d8, 4, wide, n, run, run, w8 + r0, limb_stride, nq, w8_stride, acc, acc_stride);
+    });
+    return;
+  }
 #if HWY_HAVE_SCALABLE || !KVCAL_ROW_KERNELS
   for (std::int64_t j = 0; j < nq; ++j) {
-    if (per == 2)
-      AccumulateInt<2, 2, kL>(d8, codes, rows, row_bytes, run, w8 + j * w8_stride, acc + j * acc_stride);
+    if (bits == 2)
+      AccumulateInt<4, 2, kL>(d8, codes, rows, row_bytes, run, w8 + j * w8_stride, limb_stride, acc + j * acc_stride);
     else
-      AccumulateInt<4, 2, kL>(d8, codes, rows, row_bytes, run, w8 + j * w8_stride, acc + j * acc_stride);
+      AccumulateInt<2, 2, kL>(d8, codes, rows, row_bytes, run, w8 + j * w8_stride, limb_stride, acc + j * acc_stride);
   }
 #else
   // Queries in groups whose accumulators (kL limbs per phase) fit the registers.
-  const auto groups = [&](auto per_c) {
-    constexpr int kPer = decltype(per_c)::value;
-    constexpr int kG = std::max(1, kAccVectors / (kL * kPer));
+  const auto groups = [&](auto bits_c) {
+    constexpr int kBits = decltype(bits_c)::value;
+    constexpr int kG = std::max(1, kAccVectors / (kL * IntPhases(kBits)));
     for (std::int64_t j = 0; j < nq; j += kG) {
       const std::int8_t* wj = w8 + j * w8_stride;
       std::int32_t* aj = acc + j * acc_stride;
       const std::int64_t g = std::min<std::int64_t>(kG, nq - j);
       Unroll<kG>([&](auto q) {
-        if (q + 1 == g) AccumulateIntQ<kPer, q + 1, kL>(d8, codes, rows, row_bytes, run, wj, w8_stride, aj, acc_stride);
+        if (q + 1 == g)
+          AccumulateIntQ<kBits, q + 1, kL>(d8, codes, rows, row_bytes, run, wj, limb_stride, w8_stride, aj, acc_stride);
       });
     }
   };
-  if (per == 2)
+  if (bits == 2)
     groups(std::integral_constant<int, 2>());
   else
     groups(std::integral_constant<int, 4>());
@@ -1918,11 +2045,11 @@ void AccumulateIntPer(D8 d8, int per, const std::uint8_t* codes, std::int64_t ro
 // weights packed in their order of use; with kPairs, the sums are int16 pair
 // sums until the row's end (at most kPairSums per lane: see ScoresIntGroups).
 // Returns the rows done (a multiple of kR); ScoresInt does the rest.
-template <int kPer, int kQ, int kL, int kR, bool kPairs, class D8>
+template <int kBits, int kQ, int kL, int kR, bool kPairs, class D8>
 KVCAL_FLATTEN std::int64_t ScoresIntRows(D8 d8, const std::uint8_t* codes, std::int64_t rows, std::int64_t row_bytes,
                                          std::int64_t run, std::int64_t dim, const std::int8_t* w8,
                                          std::int64_t w8_stride, std::int32_t* out, std::int64_t out_stride) {
-  constexpr int kBits = 8 / kPer, kA = kR * kQ;
+  constexpr int kPer = IntPhases(kBits), kA = kR * kQ;
   const hn::Repartition<std::int8_t, D8> di8;
   const hn::Repartition<std::int32_t, D8> d32;
   const auto N = static_cast<std::int64_t>(hn::Lanes(d8));
@@ -1936,8 +2063,11 @@ KVCAL_FLATTEN std::int64_t ScoresIntRows(D8 d8, const std::uint8_t* codes, std::
           hn::Store(hn::LoadU(di8, w8 + j * w8_stride + limb * dim + k * run + i), di8,
                     wp + i * kL * kQ * kPer + ((j * kPer + k) * kL + limb) * N);
   const AccTag<kPairs, D8> da;
+  const Groups3<D8> g3;
+  // 3 bits: never the last row, which a read in place would pass (IntBytes).
+  const std::int64_t direct = kBits == 3 ? rows - 1 : rows;
   std::int64_t r = 0;
-  for (; r + kR <= rows; r += kR) {
+  for (; r + kR <= direct; r += kR) {
     hn::Vec<decltype(da)> h[kA], l[kA];
     Unroll<kA>([&](auto x) KVCAL_INLINE_LAMBDA { h[x] = l[x] = hn::Zero(da); });
     for (std::int64_t i = 0; i < run; i += N) {
@@ -1947,7 +2077,7 @@ KVCAL_FLATTEN std::int64_t ScoresIntRows(D8 d8, const std::uint8_t* codes, std::
         const std::int8_t* wi = kQ > 1 ? Launder(wp + i * kL * kQ * kPer) : wp + i * kL * kQ * kPer;
         const std::uint8_t* row = codes + (r + rr) * row_bytes;
         if (i == 0) __builtin_prefetch(row + kPrefetchRows * row_bytes, 0, 3);  // past the end is harmless
-        const auto b = hn::LoadU(d8, row + i);
+        const auto b = IntBytes<kBits>(d8, row + IntOffset<kBits>(i), g3);
         hn::Vec<D8> ph[kPer];
         Unroll<kPer>([&](auto k) KVCAL_INLINE_LAMBDA { ph[k] = PhaseBytes<kBits, k>(d8, b); });
         Unroll<kQ>([&](auto j) KVCAL_INLINE_LAMBDA {
@@ -1984,7 +2114,7 @@ KVCAL_FLATTEN std::int64_t ScoresIntRows(D8 d8, const std::uint8_t* codes, std::
 }
 #endif
 
-template <int kPer, int kL, class D8>
+template <int kBits, int kL, class D8>
 void ScoresIntGroups(D8 d8, const std::uint8_t* codes, std::int64_t rows, std::int64_t row_bytes, std::int64_t run,
                      std::int64_t dim, const std::int8_t* w8, std::int64_t nq, std::int64_t w8_stride,
                      std::int32_t* out, std::int64_t out_stride) {
@@ -1997,15 +2127,16 @@ void ScoresIntGroups(D8 d8, const std::uint8_t* codes, std::int64_t rows, std::i
 #if !HWY_HAVE_SCALABLE && KVCAL_ROW_KERNELS
       constexpr int kR = std::max(1, (kAccVectors / kL) / kQ);  // kL limbs per row and query
       // int16 pair sums where a row adds at most kPairSums of them per lane.
-      if (kPairTarget && run / static_cast<std::int64_t>(hn::Lanes(d8)) * kPer <= kPairSums)
-        r = ScoresIntRows<kPer, kQ, kL, kR, kPairTarget>(d8, codes, rows, row_bytes, run, dim, wj, w8_stride, oj,
-                                                         out_stride);
+      if (kPairTarget && run / static_cast<std::int64_t>(hn::Lanes(d8)) * IntPhases(kBits) <= kPairSums)
+        r = ScoresIntRows<kBits, kQ, kL, kR, kPairTarget>(d8, codes, rows, row_bytes, run, dim, wj, w8_stride, oj,
+                                                          out_stride);
       else
-        r = ScoresIntRows<kPer, kQ, kL, kR, false>(d8, codes, rows, row_bytes, run, dim, wj, w8_stride, oj, out_stride);
+        r = ScoresIntRows<kBits, kQ, kL, kR, false>(d8, codes, rows, row_bytes, run, dim, wj, w8_stride, oj,
+                                                    out_stride);
 #endif
       if (r < rows)
-        ScoresInt<kPer, kQ, kL>(d8, codes + r * row_bytes, rows - r, row_bytes, run, dim, wj, w8_stride, oj + r,
-                                out_stride);
+        ScoresInt<IntPhases(kBits), kQ, kL>(d8, codes + r * row_bytes, rows - r, row_bytes, run, dim, wj, w8_stride,
+                                            oj + r, out_stride);
     };
     switch (std::min<std::int64_t>(4, nq - j)) {
       case 1:
@@ -2024,14 +2155,45 @@ void ScoresIntGroups(D8 d8, const std::uint8_t* codes, std::int64_t rows, std::i
   }
 }
 
+#if !HWY_HAVE_SCALABLE && KVCAL_ROW_KERNELS
+// Scores of one query over 3-bit rows read in place (see Fused3); the rows
+// after the last whole step of ScoresIntRows are widened first.
 template <int kL, class D8>
-void ScoresIntPer(D8 d8, int per, const std::uint8_t* codes, std::int64_t rows, std::int64_t row_bytes,
+void Scores3One(D8 d8, const std::uint8_t* codes, std::int64_t rows, std::int64_t row_bytes, std::int64_t run,
+                std::int64_t dim, const std::int8_t* w8, std::int64_t w8_stride, std::int32_t* out,
+                std::int64_t out_stride) {
+  constexpr int kR = std::max(1, kAccVectors / kL);
+  std::int64_t r = 0;
+  if (kPairTarget && run / static_cast<std::int64_t>(hn::Lanes(d8)) * 2 <= kPairSums)
+    r = ScoresIntRows<3, 1, kL, kR, kPairTarget>(d8, codes, rows, row_bytes, run, dim, w8, w8_stride, out, out_stride);
+  else
+    r = ScoresIntRows<3, 1, kL, kR, false>(d8, codes, rows, row_bytes, run, dim, w8, w8_stride, out, out_stride);
+  if (r < rows)
+    WidenedChunks3(codes + r * row_bytes, rows - r, row_bytes, dim,
+                   [&](const std::uint8_t* wide, std::int64_t n, std::int64_t r0) {
+                     ScoresInt<2, 1, kL>(d8, wide, n, run, run, dim, w8, w8_stride, out + r + r0, out_stride);
+                   });
+}
+#endif
+
+template <int kL, class D8>
+void ScoresIntPer(D8 d8, int bits, const std::uint8_t* codes, std::int64_t rows, std::int64_t row_bytes,
                   std::int64_t run, std::int64_t dim, const std::int8_t* w8, std::int64_t nq, std::int64_t w8_stride,
                   std::int32_t* out, std::int64_t out_stride) {
-  if (per == 2)
+  if (bits == 2) {
     ScoresIntGroups<2, kL>(d8, codes, rows, row_bytes, run, dim, w8, nq, w8_stride, out, out_stride);
-  else
+  } else if (bits == 4) {
     ScoresIntGroups<4, kL>(d8, codes, rows, row_bytes, run, dim, w8, nq, w8_stride, out, out_stride);
+  } else {
+#if !HWY_HAVE_SCALABLE && KVCAL_ROW_KERNELS
+    if constexpr (Fused3<kL>()) {
+      if (nq == 1) return Scores3One<kL>(d8, codes, rows, row_bytes, run, dim, w8, w8_stride, out, out_stride);
+    }
+#endif
+    WidenedChunks3(codes, rows, row_bytes, dim, [&](const std::uint8_t* wide, std::int64_t n, std::int64_t r0) {
+      ScoresIntGroups<4, kL>(d8, wide, n, run, run, dim, w8, nq, w8_stride, out + r0, out_stride);
+    });
+  }
 }
 #endif  // HWY_TARGET != HWY_SCALAR
 
@@ -2062,12 +2224,10 @@ bool WithIntVector(std::int64_t run, int limbs, const F& f) {
 void CodeScoresInt(const std::uint8_t* codes, std::int64_t rows, std::int64_t row_bytes, int bits, std::int64_t dim,
                    int limbs, const std::int8_t* w8, std::int64_t nq, std::int64_t w8_stride, std::int32_t* out,
                    std::int64_t out_stride) {
-  const Slots sl(bits, dim);
 #if HWY_TARGET != HWY_SCALAR
-  const int per = static_cast<int>(sl.per);
-  if ((per == 2 || per == 4) && WithIntVector(sl.run, limbs, [&](auto d8, auto kl) {
-        ScoresIntPer<decltype(kl)::value>(d8, per, codes, rows, row_bytes, sl.run, dim, w8, nq, w8_stride, out,
-                                          out_stride);
+  if (int_dot_layout(bits, dim) && WithIntVector(int_slots(bits, dim).run, limbs, [&](auto d8, auto kl) {
+        ScoresIntPer<decltype(kl)::value>(d8, bits, codes, rows, row_bytes, int_slots(bits, dim).run, dim, w8, nq,
+                                          w8_stride, out, out_stride);
       }))
     return;
 #endif
@@ -2077,12 +2237,10 @@ void CodeScoresInt(const std::uint8_t* codes, std::int64_t rows, std::int64_t ro
 void CodeAccumulateInt(const std::uint8_t* codes, std::int64_t rows, std::int64_t row_bytes, int bits, std::int64_t dim,
                        int limbs, const std::int8_t* w8, std::int64_t nq, std::int64_t w8_stride, std::int32_t* acc,
                        std::int64_t acc_stride) {
-  const Slots sl(bits, dim);
 #if HWY_TARGET != HWY_SCALAR
-  const int per = static_cast<int>(sl.per);
-  if ((per == 2 || per == 4) && WithIntVector(sl.run, limbs, [&](auto d8, auto kl) {
-        AccumulateIntPer<decltype(kl)::value>(d8, per, codes, rows, row_bytes, sl.run, w8, nq, w8_stride, acc,
-                                              acc_stride);
+  if (int_dot_layout(bits, dim) && WithIntVector(int_slots(bits, dim).run, limbs, [&](auto d8, auto kl) {
+        AccumulateIntPer<decltype(kl)::value>(d8, bits, codes, rows, row_bytes, int_slots(bits, dim).run, w8, rows, nq,
+                                              w8_stride, acc, acc_stride);
       }))
     return;
 #endif
@@ -2286,7 +2444,7 @@ float value_weights(const float* params, const float* p, std::int64_t n, float* 
 }
 
 bool int_dot_layout(int bits, std::int64_t dim) {
-  if (bits == 3) return int_dot_layout(4, dim);  // widened first (widen_codes3)
+  if (bits == 3) return dim % 8 == 0 && dim / 2 <= kIntWide3Bytes && int_dot_layout(4, dim);
   const Slots sl(bits, dim);
   return (bits == 2 || bits == 4) && sl.per > 1 && sl.run % 16 == 0;
 }
@@ -2334,7 +2492,7 @@ std::int32_t limb_weight(const std::int8_t* w, std::int64_t n, int limbs, std::i
 void code_accumulate_int_reference(const std::uint8_t* codes, std::int64_t rows, std::int64_t row_bytes, int bits,
                                    std::int64_t dim, int limbs, const std::int8_t* w8, std::int64_t nq,
                                    std::int64_t w8_stride, std::int32_t* acc, std::int64_t acc_stride) {
-  const Slots sl(bits, dim);
+  const Slots sl = int_slots(bits, dim);
   for (std::int64_t j = 0; j < nq; ++j) {
     const std::int8_t* w = w8 + j * w8_stride;
     for (std::int64_t c = 0; c < dim; ++c) {
@@ -2349,7 +2507,7 @@ void code_accumulate_int_reference(const std::uint8_t* codes, std::int64_t rows,
 void code_scores_int_reference(const std::uint8_t* codes, std::int64_t rows, std::int64_t row_bytes, int bits,
                                std::int64_t dim, int limbs, const std::int8_t* w8, std::int64_t nq,
                                std::int64_t w8_stride, std::int32_t* out, std::int64_t out_stride) {
-  const Slots sl(bits, dim);
+  const Slots sl = int_slots(bits, dim);
   for (std::int64_t r = 0; r < rows; ++r)
     for (std::int64_t j = 0; j < nq; ++j) {
       const std::int8_t* w = w8 + j * w8_stride;

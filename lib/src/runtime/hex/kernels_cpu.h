@@ -109,13 +109,19 @@ float value_weights(const float* params, const float* p, std::int64_t n, float* 
 // order either way. out[j * out_stride + r] = sum_slot w_j[slot] *
 // code_r(slot), exact in int32 and identical on every target. Only for
 // layouts where int_dot_layout(bits, dim) (phase-split rows whose runs are
-// multiples of 16 bytes); other rows use the reference. For 3 bits it says
-// whether the rows, widened by widen_codes3, are such 4-bit rows.
+// multiples of 16 bytes; 3-bit rows whose 4-bit rows would be such rows, up
+// to dim / 2 = kIntWide3Bytes); other rows use the reference. Slot order:
+// int_slots(bits, dim), which for 3-bit rows is the 4-bit order of the same
+// channels (the kernels widen 3-bit codes to two per byte as they read them).
 bool int_dot_layout(int bits, std::int64_t dim);
+inline constexpr std::int64_t kIntWide3Bytes = 8192;
+// The slot order of the integer kernels: the stored one, 3-bit rows in the
+// 4-bit order.
+inline Slots int_slots(int bits, std::int64_t dim) { return Slots(bits == 3 ? 4 : bits, dim); }
 // 3-bit rows (dim % 8 == 0, so rows are contiguous: 3 dim / 8 bytes each)
 // widened to the 4-bit rows of the same codes (dim / 2 bytes each, row r at
 // out + r * dim / 2): every code in its own nibble. The integer kernels read
-// 3-bit blocks this way, with weights in the 4-bit slot order.
+// 3-bit rows this way where they do not read them in place.
 void widen_codes3(const std::uint8_t* codes, std::int64_t rows, std::int64_t dim, std::uint8_t* out);
 void code_scores_int(const std::uint8_t* codes, std::int64_t rows, std::int64_t row_bytes, int bits, std::int64_t dim,
                      int limbs, const std::int8_t* w8, std::int64_t nq, std::int64_t w8_stride, std::int32_t* out,
