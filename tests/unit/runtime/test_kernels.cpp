@@ -443,6 +443,41 @@ TEST(HexKernels, IntegerCodeKernelsEqualReferenceExactly) {
   });
 }
 
+// Wide 3-bit rows, up to the widest the integer kernels take (dim / 2 =
+// kIntWide3Bytes): their widened copies still fit the kernels' buffers.
+TEST(HexKernels, IntegerCodeKernelsTakeWide3BitRows) {
+  on_every_target([] {
+    std::mt19937_64 rng(0x77696465);
+    std::uniform_int_distribution<int> byte(0, 255), w8(-127, 127);
+    EXPECT_FALSE(int_dot_layout(3, 2 * kIntWide3Bytes + 32));
+    for (const i64 dim : {i64{4096}, i64{4128}, i64{8192}, 2 * kIntWide3Bytes})
+      for (const int limbs : {1, 2})
+        for (const i64 nq : {1, 2})
+          for (const i64 rows : {1, 5, 9}) {
+            SCOPED_TRACE("dim " + std::to_string(dim) + " limbs " + std::to_string(limbs) + " nq " +
+                         std::to_string(nq) + " rows " + std::to_string(rows));
+            ASSERT_TRUE(int_dot_layout(3, dim));
+            const i64 rb = dim * 3 / 8;
+            std::vector<std::uint8_t> codes(static_cast<std::size_t>(rows * rb));
+            for (auto& c : codes) c = static_cast<std::uint8_t>(byte(rng));
+            std::vector<std::int8_t> w(static_cast<std::size_t>(nq * limbs * dim));
+            for (auto& x : w) x = static_cast<std::int8_t>(limbs == 1 ? w8(rng) : byte(rng) % 64);
+            std::vector<std::int32_t> out(static_cast<std::size_t>(nq * rows)), ref(out);
+            code_scores_int(codes.data(), rows, rb, 3, dim, limbs, w.data(), nq, limbs * dim, out.data(), rows);
+            code_scores_int_reference(codes.data(), rows, rb, 3, dim, limbs, w.data(), nq, limbs * dim, ref.data(),
+                                      rows);
+            ASSERT_EQ(out, ref);
+            std::vector<std::int8_t> a(static_cast<std::size_t>(nq * limbs * rows));
+            for (auto& x : a) x = static_cast<std::int8_t>(limbs == 1 ? w8(rng) : byte(rng) % 64);
+            std::vector<std::int32_t> acc(static_cast<std::size_t>(nq * dim), 3), accref(acc);
+            code_accumulate_int(codes.data(), rows, rb, 3, dim, limbs, a.data(), nq, limbs * rows, acc.data(), dim);
+            code_accumulate_int_reference(codes.data(), rows, rb, 3, dim, limbs, a.data(), nq, limbs * rows,
+                                          accref.data(), dim);
+            ASSERT_EQ(acc, accref);
+          }
+  });
+}
+
 // The integer kernels at their extremes: every code at its maximum and every
 // weight at the limit of its limb, so that the kernels' partial sums (int16
 // pair sums on targets without a one-instruction dot product) reach their

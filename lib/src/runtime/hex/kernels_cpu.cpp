@@ -971,8 +971,8 @@ void WidenCodes3(const std::uint8_t* src, std::int64_t n, std::uint8_t* dst) {
 }
 
 // f(wide, n, r0) for the 3-bit rows r0 .. r0 + n - 1 (dim % 8 == 0) widened
-// to 4-bit rows of dim / 2 bytes, a chunk of them at a time in a buffer on the
-// stack (dim / 2 <= kIntWide3Bytes): how the integer kernels read 3-bit rows
+// to 4-bit rows of dim / 2 bytes, a chunk of them at a time in a per-thread
+// buffer (dim / 2 <= kIntWide3Bytes): how the integer kernels read 3-bit rows
 // where they do not read them in place.
 template <class F>
 void WidenedChunks3(const std::uint8_t* codes, std::int64_t rows, std::int64_t row_bytes, std::int64_t dim, F f) {
@@ -2001,7 +2001,7 @@ void AccumulateIntPer(D8 d8, int bits, const std::uint8_t* codes, std::int64_t r
   if (bits == 3) {
 #if !HWY_HAVE_SCALABLE && KVCAL_ROW_KERNELS
     if constexpr (Fused3<kL>()) {
-      if (nq == 1)
+      if (nq == 1 && 4 * run <= kIntWide3Bytes)  // its last four rows' widened copy fits
         return AccumulateIntQ<3, 1, kL>(d8, codes, rows, row_bytes, run, w8, limb_stride, w8_stride, acc, acc_stride);
     }
 #endif
