@@ -211,7 +211,7 @@ namespace {
 
 // Per-thread scratch of the decode paths (no allocation per block).
 struct Scratch {
-  std::vector<float> qd, bias, kmin, params, sparse, qs, acc, base, a, ws, kept, tmp;
+  std::vector<float> qd, bias, kmin, params, sparse, qs, a, ws, kept, tmp;
   std::vector<std::int8_t> w8;
   std::vector<std::int32_t> qi;
   template <class T>
@@ -274,15 +274,33 @@ float* ValueEntries::prepare(const std::int32_t* m, std::int64_t deg, std::int64
   return sums.data();
 }
 
+void ValueEntries::prepare_code(const Slots& sl, std::int64_t n, float* o, std::int64_t o_stride) {
+  CodeSums& c = code;
+  if (sl.dim == c.order.dim && sl.per == c.order.per && n == c.nq && o == c.out && o_stride == c.out_stride) return;
+  flush();
+  c.order = sl, c.nq = n, c.out = o, c.out_stride = o_stride;
+  c.acc.assign(static_cast<std::size_t>(n * sl.dim), 0.0f);
+  c.base.assign(static_cast<std::size_t>(n), 0.0f);
+}
+
 void ValueEntries::flush() {
-  if (!mask) return;
-  const std::int64_t n = rows * d1;
-  for (std::int64_t j = 0; j < nq; ++j) {
-    float* sj = sums.data() + j * n;
-    float* oj = out + j * out_stride;
-    for (std::int64_t i = 0; i < n; ++i) oj[mask[i]] += sj[i];
+  if (mask) {
+    const std::int64_t n = rows * d1;
+    for (std::int64_t j = 0; j < nq; ++j) {
+      float* sj = sums.data() + j * n;
+      float* oj = out + j * out_stride;
+      for (std::int64_t i = 0; i < n; ++i) oj[mask[i]] += sj[i];
+    }
+    std::fill(sums.begin(), sums.end(), 0.0f);
   }
-  std::fill(sums.begin(), sums.end(), 0.0f);
+  CodeSums& c = code;
+  if (c.out) {
+    const std::int64_t d = c.order.dim;
+    for (std::int64_t j = 0; j < c.nq; ++j)
+      add_slots(c.acc.data() + j * d, c.order, c.base[j], c.out + j * c.out_stride);
+    std::fill(c.acc.begin(), c.acc.end(), 0.0f);
+    std::fill(c.base.begin(), c.base.end(), 0.0f);
+  }
 }
 
 // Scores: the packed rows through code_scores (one pass for the whole query
@@ -398,12 +416,13 @@ void detail::block_accumulate(const HexBlockView& b, const float* p, std::int64_
   const CodeRows cr(b, dot);
   const Slots& sl = cr.slots;
   Scratch& sc = scratch;
-  float* acc = Scratch::get(sc.acc, nq * d);  // [nq][slot]: sum_t p_t delta_t code_tc
-  float* base = Scratch::get(sc.base, nq);    // sum_t p_t min_t
-  float* a = Scratch::get(sc.a, nq * nqr);    // [nq][quantized row]: p_t delta_t
+  // The code part in slot order and the bias, added up over the blocks.
+  ve.prepare_code(sl, nq, out, out_stride);
+  float* acc = ve.code.acc.data();          // [nq][slot]: sum_t p_t delta_t code_tc
+  float* base = ve.code.base.data();        // sum_t p_t min_t
+  float* a = Scratch::get(sc.a, nq * nqr);  // [nq][quantized row]: p_t delta_t
   float* sparse = Scratch::get(sc.sparse, nqr * d1);
   float* params = Scratch::get(sc.params, 2 * nqr);  // (delta, min) per quantized row
-  std::fill(base, base + nq, 0.0f);
   if (nqr > 0) halves_to_floats(reinterpret_cast<const half_bits*>(b.v_params), 2 * nqr, params);
   // The expander's entries: p_t (x_e - min_t) added to channel c_e, summed
   // per entry over the blocks (ve) and scattered once.
@@ -439,12 +458,10 @@ void detail::block_accumulate(const HexBlockView& b, const float* p, std::int64_
     quantize_rows(limbs, a, nq, nqr, w8, ws);
     std::fill(ai, ai + nq * d, 0);
     code_accumulate_int(b.v_codes, nqr, b.row_bytes, b.bits, d, limbs, w8, nq, limbs * nqr, ai, d);
-    for (std::int64_t j = 0; j < nq; ++j) add_slots_int(ai + j * d, sl, ws[j], base[j], out + j * out_stride);
+    for (std::int64_t j = 0; j < nq; ++j) axpy_int(ws[j], ai + j * d, acc + j * d, d);
     return;
   }
-  std::fill(acc, acc + nq * d, 0.0f);
   if (nqr > 0) code_accumulate(b.v_codes, nqr, b.row_bytes, b.bits, d, a, nq, nqr, acc, d);
-  for (std::int64_t j = 0; j < nq; ++j) add_slots(acc + j * d, sl, base[j], out + j * out_stride);
 }
 
 void attend_fp16(const float* q, std::int64_t nq, std::int64_t q_stride, const half_bits* k, const half_bits* v,

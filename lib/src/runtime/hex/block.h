@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "kvcal/runtime/hex.h"
+#include "runtime/hex/kernels_cpu.h"
 
 namespace kvcal::runtime::detail {
 
@@ -40,14 +41,28 @@ struct KeyEntries {
 // adds them into out_j[c(t, e)] (out_j at out + j * out_stride) and clears
 // them. The owner flushes before the mask, queries or output change and at
 // the end of a decode.
+//
+// Code side: the blocks' code sums stay in the slot order of their kernels
+// (code.acc[j][code.order.slot(c)] for channel c) beside their bias sums
+// code.base[j], and the flush adds them into out_j in channel order: one
+// permutation per decode instead of one per block.
 struct ValueEntries {
   const std::int32_t* mask = nullptr;
   float* out = nullptr;
   std::int64_t rows = 0, d1 = 0, nq = 0, out_stride = 0;
   std::vector<float> sums;
+  struct CodeSums {
+    Slots order{0, 0};
+    float* out = nullptr;
+    std::int64_t nq = 0, out_stride = 0;
+    std::vector<float> acc, base;
+  } code;
   // The sums for `tokens` rows of `mask` into out (flushing first on a change).
   float* prepare(const std::int32_t* m, std::int64_t d1, std::int64_t tokens, std::int64_t nq, float* out,
                  std::int64_t out_stride);
+  // code.acc ([nq][sl.dim]) and code.base ([nq]) for slot order sl and out
+  // (flushing first on a change).
+  void prepare_code(const Slots& sl, std::int64_t nq, float* out, std::int64_t out_stride);
   void flush();
 };
 

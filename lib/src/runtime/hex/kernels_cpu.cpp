@@ -1219,24 +1219,9 @@ void AddSlots(const float* acc, std::int64_t per, std::int64_t run, float bias, 
   }
 }
 
-// The same from the integer sums, scaled on the way.
-template <int kPer>
-HWY_INLINE void AddSlotsIntPer(const std::int32_t* HWY_RESTRICT acc, std::int64_t run, float scale, float bias,
-                               float* HWY_RESTRICT out) {
-  for (std::int64_t i = 0; i < run; ++i)
-    for (int k = 0; k < kPer; ++k) out[kPer * i + k] += bias + scale * static_cast<float>(acc[k * run + i]);
-}
-void AddSlotsInt(const std::int32_t* acc, std::int64_t per, std::int64_t run, float scale, float bias, float* out) {
-  switch (per) {
-    case 1:
-      return AddSlotsIntPer<1>(acc, run, scale, bias, out);
-    case 2:
-      return AddSlotsIntPer<2>(acc, run, scale, bias, out);
-    case 4:
-      return AddSlotsIntPer<4>(acc, run, scale, bias, out);
-    default:
-      return AddSlotsIntPer<8>(acc, run, scale, bias, out);
-  }
+// y[i] += w * x[i] from int32 x: a plain loop the compiler vectorises.
+void AxpyInt(float w, const std::int32_t* HWY_RESTRICT x, float* HWY_RESTRICT y, std::int64_t n) {
+  for (std::int64_t i = 0; i < n; ++i) y[i] += w * static_cast<float>(x[i]);
 }
 
 // out[i] = x[i] - b[idx[i]] (in place allowed: out == x).
@@ -2363,7 +2348,7 @@ HWY_EXPORT(CodeAccumulateInt);
 HWY_EXPORT(WidenCodes3);
 HWY_EXPORT(QuantizeRows);
 HWY_EXPORT(AddSlots);
-HWY_EXPORT(AddSlotsInt);
+HWY_EXPORT(AxpyInt);
 HWY_EXPORT(KeyWeights);
 HWY_EXPORT(GatherSub);
 HWY_EXPORT(EntryScores);
@@ -2419,9 +2404,7 @@ void code_accumulate(const std::uint8_t* codes, std::int64_t rows, std::int64_t 
 void add_slots(const float* acc, const Slots& sl, float bias, float* out) {
   HWY_DYNAMIC_DISPATCH(AddSlots)(acc, sl.per, sl.run, bias, out);
 }
-void add_slots_int(const std::int32_t* acc, const Slots& sl, float scale, float bias, float* out) {
-  HWY_DYNAMIC_DISPATCH(AddSlotsInt)(acc, sl.per, sl.run, scale, bias, out);
-}
+void axpy_int(float w, const std::int32_t* x, float* y, std::int64_t n) { HWY_DYNAMIC_DISPATCH(AxpyInt)(w, x, y, n); }
 void key_weights(const float* params, const float* q, std::int64_t nq, std::int64_t q_stride, float scale,
                  const Slots& sl, float* qd, float* kmin, float* bias, float* tmp) {
   HWY_DYNAMIC_DISPATCH(KeyWeights)(params, q, nq, q_stride, scale, sl.per, sl.run, qd, kmin, bias, tmp);

@@ -76,8 +76,8 @@ void code_accumulate(const std::uint8_t* codes, std::int64_t rows, std::int64_t 
 
 // out[c] += bias + acc[sl.slot(c)] for c < sl.dim (acc and out apart).
 void add_slots(const float* acc, const Slots& sl, float bias, float* out);
-// out[c] += bias + scale * acc[sl.slot(c)] for c < sl.dim, from int32 sums.
-void add_slots_int(const std::int32_t* acc, const Slots& sl, float scale, float bias, float* out);
+// y[i] += w * x[i] for i < n, from int32 x.
+void axpy_int(float w, const std::int32_t* x, float* y, std::int64_t n);
 // out[i] = x[i] - b[idx[i]] for i < n (out may be x).
 void gather_sub(const float* b, const std::int32_t* idx, const float* x, std::int64_t n, float* out);
 // The expander entries' part of n tokens' scores, g entries per token:
