@@ -909,12 +909,19 @@ HWY_INLINE VU Widen3To4(VU x) {
 }
 #endif
 
-HWY_INLINE std::uint32_t Widen3To4Scalar(std::uint32_t x) {
+HWY_INLINE std::uint32_t Widen3ToPairsScalar(std::uint32_t x) {
   x = (x & 0xfffu) | ((x << 4) & 0x0fff0000u);
-  x = (x & 0x003f003fu) | ((x << 2) & 0x3f003f00u);
+  return (x & 0x003f003fu) | ((x << 2) & 0x3f003f00u);
+}
+HWY_INLINE std::uint32_t Widen3To4Scalar(std::uint32_t x) {
+  x = Widen3ToPairsScalar(x);
   return (x & 0x07070707u) | ((x << 1) & 0x70707070u);
 }
 
+// With kPairs, the rows widened only to two codes per byte (Widen3ToPairs:
+// codes 2m and 2m + 1 in bits 0-2 and 3-5 of byte m, bits 6-7 unspecified),
+// which the integer kernels split as PhaseBytes<3, k> (see kWide3).
+template <bool kPairs>
 void WidenCodes3(const std::uint8_t* src, std::int64_t n, std::uint8_t* dst) {
   std::int64_t g = 0;
 #if HWY_TARGET == HWY_AVX3_DL
@@ -942,9 +949,11 @@ void WidenCodes3(const std::uint8_t* src, std::int64_t n, std::uint8_t* dst) {
       const __mmask64 in = k == 16 ? 0xffffffffffffull : (1ull << (3 * k)) - 1;
       const __mmask64 out = k == 16 ? ~0ull : (1ull << (4 * k)) - 1;
       const __m512i x = _mm512_permutexvar_epi32(vperm, _mm512_maskz_loadu_epi8(in, src + 3 * g));
-      const __m512i y = _mm512_ternarylogic_epi32(_mm512_multishift_epi64_epi8(vlo, x), low3,
-                                                  _mm512_and_si512(_mm512_multishift_epi64_epi8(vhi, x), high3),
-                                                  0xea);  // (a & b) | c
+      const __m512i lo = _mm512_multishift_epi64_epi8(vlo, x);  // byte m: bits [a + 6m, a + 6m + 8)
+      const __m512i y =
+          kPairs ? lo
+                 : _mm512_ternarylogic_epi32(lo, low3, _mm512_and_si512(_mm512_multishift_epi64_epi8(vhi, x), high3),
+                                             0xea);  // (a & b) | c
       _mm512_mask_storeu_epi8(dst + 4 * g, out, y);
     }
   }
@@ -959,32 +968,43 @@ void WidenCodes3(const std::uint8_t* src, std::int64_t n, std::uint8_t* dst) {
     for (; 3 * g + 4 * N <= 3 * n; g += N) {
       __builtin_prefetch(src + 3 * g + 1024, 0, 3);  // the block streams from memory: keep it ahead
       const auto x = LoadGroups3(d, src + 3 * g, perm, shuffle);
-      hn::StoreU(hn::BitCast(hn::Repartition<std::uint8_t, decltype(du)>(), Widen3To4(x)),
+      hn::StoreU(hn::BitCast(hn::Repartition<std::uint8_t, decltype(du)>(), kPairs ? Widen3ToPairs(x) : Widen3To4(x)),
                  hn::Repartition<std::uint8_t, decltype(du)>(), dst + 4 * g);
     }
   });
 #endif
   for (; g < n; ++g) {
-    const std::uint32_t y = Widen3To4Scalar(Group3(src, g));
+    const std::uint32_t y = kPairs ? Widen3ToPairsScalar(Group3(src, g)) : Widen3To4Scalar(Group3(src, g));
     for (int m = 0; m < 4; ++m) dst[4 * g + m] = static_cast<std::uint8_t>(y >> (8 * m));
   }
 }
 
+void WidenCodes3To4(const std::uint8_t* src, std::int64_t n, std::uint8_t* dst) { WidenCodes3<false>(src, n, dst); }
+
+// The n 3-bit rows at codes (row_bytes apart, dim % 8 == 0) widened to rows
+// of dim / 2 bytes at out (see WidenCodes3): contiguous rows in one stream.
+template <bool kPairs>
+void WidenRows3(const std::uint8_t* codes, std::int64_t n, std::int64_t row_bytes, std::int64_t dim,
+                std::uint8_t* out) {
+  if (row_bytes == dim / 8 * 3) {
+    WidenCodes3<kPairs>(codes, n * (dim / 8), out);
+  } else {
+    for (std::int64_t k = 0; k < n; ++k) WidenCodes3<kPairs>(codes + k * row_bytes, dim / 8, out + k * (dim / 2));
+  }
+}
+
 // f(wide, n, r0) for the 3-bit rows r0 .. r0 + n - 1 (dim % 8 == 0) widened
-// to 4-bit rows of dim / 2 bytes, a chunk of them at a time in a per-thread
-// buffer (dim / 2 <= kIntWide3Bytes): how the integer kernels read 3-bit rows
-// where they do not read them in place.
-template <class F>
+// to rows of dim / 2 bytes (4-bit rows, or with kPairs two codes per byte),
+// a chunk of them at a time in a per-thread buffer (dim / 2 <=
+// kIntWide3Bytes): how the integer kernels read 3-bit rows where they do not
+// read them in place.
+template <bool kPairs, class F>
 void WidenedChunks3(const std::uint8_t* codes, std::int64_t rows, std::int64_t row_bytes, std::int64_t dim, F f) {
   alignas(64) static thread_local std::uint8_t wide[kIntWide3Bytes];
-  const std::int64_t wb = dim / 2, chunk = kIntWide3Bytes / wb;
+  const std::int64_t chunk = kIntWide3Bytes / (dim / 2);
   for (std::int64_t r0 = 0; r0 < rows; r0 += chunk) {
     const std::int64_t n = std::min(chunk, rows - r0);
-    if (row_bytes == dim / 8 * 3) {  // rows one after the other: one stream of groups
-      WidenCodes3(codes + r0 * row_bytes, n * (dim / 8), wide);
-    } else {
-      for (std::int64_t k = 0; k < n; ++k) WidenCodes3(codes + (r0 + k) * row_bytes, dim / 8, wide + k * wb);
-    }
+    WidenRows3<kPairs>(codes + r0 * row_bytes, n, row_bytes, dim, wide);
     f(static_cast<const std::uint8_t*>(wide), n, r0);
   }
 }
@@ -1554,18 +1574,28 @@ HWY_INLINE hn::Vec<hn::Repartition<std::int32_t, D8>> AddAcc(D8, hn::Vec<AccTag<
     return hn::Add(acc32, acc);
 }
 
-// Codes of phase k (bits [k * kBits, (k + 1) * kBits) of each byte; the
-// 16-bit shift brings in bits of the next byte, which the mask clears).
+// The rows the integer kernels read, by their kBits: 2 and 4, stored rows;
+// 3, stored 3-bit rows, read in place (IntBytes widens them in registers);
+// kWide3, 3-bit rows widened to two codes per byte (WidenCodes3<true>) in a
+// buffer, read as they are.
+constexpr int kWide3 = 5;
+constexpr int CodeBits(int kind) { return kind == kWide3 ? 3 : kind; }
+
+// Codes of phase k (bits [k * b, (k + 1) * b) of each byte, b =
+// CodeBits(kBits); the 16-bit shift brings in bits of the next byte, which
+// the mask clears, as it clears bits 6-7 of widened 3-bit bytes).
 template <int kBits, int k, class D8>
 HWY_INLINE hn::Vec<D8> PhaseBytes(D8 d8, hn::Vec<D8> b) {
+  constexpr int kB = CodeBits(kBits);
   const hn::Repartition<std::uint16_t, D8> du16;
-  const auto mask = hn::Set(d8, static_cast<std::uint8_t>((1u << kBits) - 1u));
+  const auto mask = hn::Set(d8, static_cast<std::uint8_t>((1u << kB) - 1u));
   if constexpr (k == 0) return hn::And(b, mask);
-  return hn::And(hn::BitCast(d8, hn::ShiftRight<k * kBits>(hn::BitCast(du16, b))), mask);
+  return hn::And(hn::BitCast(d8, hn::ShiftRight<k * kB>(hn::BitCast(du16, b))), mask);
 }
 
 // Codes per byte of the rows the integer kernels read: four of 2 bits, two
-// of 4 bits, and two of 3 bits (3-bit rows are read widened, see IntBytes).
+// of 4 bits, and two of 3 bits (3-bit rows are read widened, see IntBytes
+// and kWide3).
 constexpr int IntPhases(int bits) { return bits == 2 ? 4 : 2; }
 
 // Where the bytes [i, i + N) of a row the integer kernels read come from:
@@ -1639,11 +1669,12 @@ HWY_INLINE V MergeLimbs(V h, V l) {
 // w = 128 hi + lo). run % Lanes(d8) == 0. Rows go four at a time: each row's
 // per-query lane sums are parked in a small buffer and the four are reduced
 // together.
-template <int kPer, int kQ, int kL, class D8>
+template <int kBits, int kQ, int kL, class D8>
 void ScoresInt(D8 d8, const std::uint8_t* codes, std::int64_t rows, std::int64_t row_bytes, std::int64_t run,
                std::int64_t dim, const std::int8_t* w8, std::int64_t w8_stride, std::int32_t* out,
                std::int64_t out_stride) {
-  constexpr int kBits = 8 / kPer;
+  static_assert(kBits == 2 || kBits == 4, "3-bit rows are widened to 4-bit rows first");
+  constexpr int kPer = IntPhases(kBits);
   const hn::Repartition<std::int8_t, D8> di8;
   const hn::Repartition<std::int32_t, D8> d32;
   const auto N = static_cast<std::int64_t>(hn::Lanes(d8));
@@ -1873,12 +1904,7 @@ KVCAL_FLATTEN void AccumulateIntQ(D8 d8, const std::uint8_t* codes, std::int64_t
   if constexpr (kBits == 3) {
     assert(4 * run <= kIntWide3Bytes);
     std::memset(tail3, 0, static_cast<std::size_t>(4 * run));
-    if (row_bytes == run / 4 * 3) {
-      WidenCodes3(codes + direct * row_bytes, (rows - direct) * (run / 4), tail3);
-    } else {
-      for (std::int64_t r = direct; r < rows; ++r)
-        WidenCodes3(codes + r * row_bytes, run / 4, tail3 + (r - direct) * run);
-    }
+    WidenRows3<false>(codes + direct * row_bytes, rows - direct, row_bytes, 2 * run, tail3);
   }
   for (std::int64_t i = 0; i < run; i += N) {
     const std::int64_t at = IntOffset<kBits>(i);  // where vector i of a row is read from
@@ -1964,12 +1990,17 @@ KVCAL_FLATTEN void AccumulateIntQ(D8 d8, const std::uint8_t* codes, std::int64_t
 
 // Whether the integer kernels read 3-bit rows in place (IntBytes) for one
 // query with kL limbs of weights: the unrolled kernels of fixed-size
-// targets, one limb. Otherwise, and for GQA groups, the rows are widened to
-// 4-bit rows a chunk at a time. (In place, each kernel reads a block's codes
-// once, widening them on the way: 6-7% less time than widening first at one
-// query on AVX2. For groups it costs more: the accumulation passes over the
-// codes once per quarter of its transposed vectors, widening them each time,
-// and the widening's constants push the score sums out of 16 registers.)
+// targets, one limb. There, the value kernel reads the rows of GQA groups
+// widened to two codes per byte (kWide3) a chunk at a time; otherwise the
+// rows are widened to 4-bit rows and read by the 4-bit kernels. (In place,
+// each kernel reads a block's codes once, widening them on the way: 6-7%
+// less time than widening first at one query on AVX2. For groups it costs
+// more: the value kernel passes over the codes once per quarter of its
+// transposed vectors, widening them each time, and the widening's constants
+// push the score sums out of 16 registers. Widening to pairs takes two
+// shifts and two blends per vector of groups, to 4-bit rows three more
+// operations: with a group of 4 on a Zen 3 core, 7% less time for the value
+// kernel, but 12% more for the score kernel, which stays on 4-bit rows.)
 template <int kL>
 constexpr bool Fused3() {
 #if !HWY_HAVE_SCALABLE && KVCAL_ROW_KERNELS && HWY_TARGET != HWY_SCALAR
@@ -1988,11 +2019,20 @@ void AccumulateIntPer(D8 d8, int bits, const std::uint8_t* codes, std::int64_t r
     if constexpr (Fused3<kL>()) {
       if (nq == 1 && 4 * run <= kIntWide3Bytes)  // its last four rows' widened copy fits
         return AccumulateIntQ<3, 1, kL>(d8, codes, rows, row_bytes, run, w8, limb_stride, w8_stride, acc, acc_stride);
+      WidenedChunks3<true>(
+          codes, rows, row_bytes, 2 * run, [&](const std::uint8_t* wide, std::int64_t n, std::int64_t r0) {
+            InGroupsOf4(nq, [&](auto kq, std::int64_t j) {
+              AccumulateIntQ<kWide3, decltype(kq)::value, kL>(d8, wide, n, run, run, w8 + j * w8_stride + r0,
+                                                              limb_stride, w8_stride, acc + j * acc_stride, acc_stride);
+            });
+          });
+      return;
     }
 #endif
-    WidenedChunks3(codes, rows, row_bytes, 2 * run, [&](const std::uint8_t* wide, std::int64_t n, std::int64_t r0) {
-      AccumulateIntPer<kL>(d8, 4, wide, n, run, run, w8 + r0, limb_stride, nq, w8_stride, acc, acc_stride);
-    });
+    WidenedChunks3<false>(
+        codes, rows, row_bytes, 2 * run, [&](const std::uint8_t* wide, std::int64_t n, std::int64_t r0) {
+          AccumulateIntPer<kL>(d8, 4, wide, n, run, run, w8 + r0, limb_stride, nq, w8_stride, acc, acc_stride);
+        });
     return;
   }
 #if HWY_HAVE_SCALABLE || !KVCAL_ROW_KERNELS
@@ -2120,8 +2160,8 @@ void ScoresIntGroups(D8 d8, const std::uint8_t* codes, std::int64_t rows, std::i
                                                     out_stride);
 #endif
       if (r < rows)
-        ScoresInt<IntPhases(kBits), kQ, kL>(d8, codes + r * row_bytes, rows - r, row_bytes, run, dim, wj, w8_stride,
-                                            oj + r, out_stride);
+        ScoresInt<kBits, kQ, kL>(d8, codes + r * row_bytes, rows - r, row_bytes, run, dim, wj, w8_stride, oj + r,
+                                 out_stride);
     };
     switch (std::min<std::int64_t>(4, nq - j)) {
       case 1:
@@ -2154,10 +2194,10 @@ void Scores3One(D8 d8, const std::uint8_t* codes, std::int64_t rows, std::int64_
   else
     r = ScoresIntRows<3, 1, kL, kR, false>(d8, codes, rows, row_bytes, run, dim, w8, w8_stride, out, out_stride);
   if (r < rows)
-    WidenedChunks3(codes + r * row_bytes, rows - r, row_bytes, dim,
-                   [&](const std::uint8_t* wide, std::int64_t n, std::int64_t r0) {
-                     ScoresInt<2, 1, kL>(d8, wide, n, run, run, dim, w8, w8_stride, out + r + r0, out_stride);
-                   });
+    WidenedChunks3<false>(codes + r * row_bytes, rows - r, row_bytes, dim,
+                          [&](const std::uint8_t* wide, std::int64_t n, std::int64_t r0) {
+                            ScoresInt<4, 1, kL>(d8, wide, n, run, run, dim, w8, w8_stride, out + r + r0, out_stride);
+                          });
 }
 #endif
 
@@ -2175,7 +2215,7 @@ void ScoresIntPer(D8 d8, int bits, const std::uint8_t* codes, std::int64_t rows,
       if (nq == 1) return Scores3One<kL>(d8, codes, rows, row_bytes, run, dim, w8, w8_stride, out, out_stride);
     }
 #endif
-    WidenedChunks3(codes, rows, row_bytes, dim, [&](const std::uint8_t* wide, std::int64_t n, std::int64_t r0) {
+    WidenedChunks3<false>(codes, rows, row_bytes, dim, [&](const std::uint8_t* wide, std::int64_t n, std::int64_t r0) {
       ScoresIntGroups<4, kL>(d8, wide, n, run, run, dim, w8, nq, w8_stride, out + r0, out_stride);
     });
   }
@@ -2345,7 +2385,7 @@ HWY_EXPORT(CodeScores);
 HWY_EXPORT(CodeAccumulate);
 HWY_EXPORT(CodeScoresInt);
 HWY_EXPORT(CodeAccumulateInt);
-HWY_EXPORT(WidenCodes3);
+HWY_EXPORT(WidenCodes3To4);
 HWY_EXPORT(QuantizeRows);
 HWY_EXPORT(AddSlots);
 HWY_EXPORT(AxpyInt);
@@ -2433,7 +2473,7 @@ bool int_dot_layout(int bits, std::int64_t dim) {
 }
 
 void widen_codes3(const std::uint8_t* codes, std::int64_t rows, std::int64_t dim, std::uint8_t* out) {
-  HWY_DYNAMIC_DISPATCH(WidenCodes3)(codes, rows * dim / 8, out);
+  HWY_DYNAMIC_DISPATCH(WidenCodes3To4)(codes, rows * dim / 8, out);
 }
 
 void code_scores_int(const std::uint8_t* codes, std::int64_t rows, std::int64_t row_bytes, int bits, std::int64_t dim,
