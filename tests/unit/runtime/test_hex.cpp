@@ -764,6 +764,9 @@ std::vector<i64> expected_kept(const HexOptions& o, i64 start, i64 total, const 
 // thousands of blocks and a residual), whose last third holds the largest
 // scores (its keys scaled up), for fp16, kcvt4 and hex4, against the double
 // reference, with and without the weights out (check_cache_attention).
+// attend() takes a head's blocks in pieces of 8192 / group weights with a
+// running softmax: here three pieces and the residual at group 8, two and
+// the residual at group 1, the maximum growing in a later piece.
 TEST(RuntimeHex, LongContextsEqualReference) {
   std::mt19937_64 rng(0x4e58000c);
   const i64 H = 2, D = 16, B = 8;

@@ -731,6 +731,63 @@ TEST(HexKernels, SoftmaxRowMatchesDoubleReference) {
   });
 }
 
+// A softmax over a row in pieces (online_softmax_row, as attend() runs it):
+// the running maximum is the row's, the running sum the double sum of
+// e^(x - max), and each piece's weights, scaled by the factors of the later
+// pieces and divided by the sum, the double softmax. Rows whose maximum grows
+// in a later piece (scores rising along the row) and falls (falling), pieces
+// of 1 to 40 scores.
+TEST(HexKernels, OnlineSoftmaxPiecesMatchDoubleSoftmax) {
+  on_every_target([] {
+    std::mt19937_64 rng(0x6f6e6c6e);
+    std::normal_distribution<float> g(0.0f, 1.0f);
+    std::uniform_int_distribution<i64> piece(1, 40);
+    for (const i64 n : {1, 7, 64, 300})
+      for (const float slope : {0.05f, 0.0f, -0.05f}) {
+        SCOPED_TRACE("n " + std::to_string(n) + " slope " + std::to_string(slope));
+        std::vector<float> r(static_cast<std::size_t>(n));
+        for (i64 i = 0; i < n; ++i) r[static_cast<std::size_t>(i)] = 4.0f * g(rng) + slope * static_cast<float>(i);
+        const auto in = r;
+        std::vector<i64> starts;
+        std::vector<float> factors;
+        float m = -std::numeric_limits<float>::infinity(), z = 0.0f;
+        for (i64 at = 0; at < n;) {
+          const i64 len = std::min(n - at, piece(rng));
+          const float before = m;
+          const float f = online_softmax_row(r.data() + at, len, m, z);
+          float pm = before;
+          for (i64 i = at; i < at + len; ++i) pm = std::max(pm, in[static_cast<std::size_t>(i)]);
+          ASSERT_EQ(m, pm);
+          if (at == 0) {
+            ASSERT_EQ(f, 0.0f);
+          } else if (m == before) {
+            ASSERT_EQ(f, 1.0f);
+          } else {
+            ASSERT_NEAR(f, std::exp(static_cast<double>(before) - m), 1e-6 * std::exp(static_cast<double>(before) - m));
+          }
+          starts.push_back(at);
+          factors.push_back(f);
+          at += len;
+        }
+        double dm = -1e300, dz = 0;
+        for (const float x : in) dm = std::max(dm, static_cast<double>(x));
+        for (const float x : in) dz += std::exp(static_cast<double>(x) - dm);
+        ASSERT_EQ(static_cast<double>(m), dm);
+        ASSERT_NEAR(z, dz, 1e-5 * dz);
+        for (std::size_t k = 0; k < starts.size(); ++k) {
+          double later = 1.0;  // the factors of the pieces after k
+          for (std::size_t l = k + 1; l < factors.size(); ++l) later *= factors[l];
+          const i64 end = k + 1 < starts.size() ? starts[k + 1] : n;
+          for (i64 i = starts[k]; i < end; ++i) {
+            const double want = std::exp(static_cast<double>(in[static_cast<std::size_t>(i)]) - dm) / dz;
+            const double got = static_cast<double>(r[static_cast<std::size_t>(i)]) * later / z;
+            ASSERT_NEAR(got, want, 2e-6 * want + 1e-30) << "at " << i;
+          }
+        }
+      }
+  });
+}
+
 // The exponential inside softmax_row, seen directly: a row of one 0 (the
 // maximum) and scores x <= -25, whose weights e^x sum to less than half an
 // ulp of 1, so that the sum is exactly 1 and each weight is e^x as computed.

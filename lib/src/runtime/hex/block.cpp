@@ -283,6 +283,18 @@ void ValueEntries::prepare_code(const Slots& sl, std::int64_t n, float* o, std::
   c.base.assign(static_cast<std::size_t>(n), 0.0f);
 }
 
+void ValueEntries::scale(std::int64_t j, float f) {
+  const auto mul = [f](float* x, std::int64_t n) {
+    for (std::int64_t i = 0; i < n; ++i) x[i] *= f;
+  };
+  if (mask && j < nq) mul(sums.data() + j * rows * d1, rows * d1);
+  CodeSums& c = code;
+  if (c.out && j < c.nq) {
+    mul(c.acc.data() + j * c.order.dim, c.order.dim);
+    c.base[static_cast<std::size_t>(j)] *= f;
+  }
+}
+
 void ValueEntries::flush() {
   if (mask) {
     const std::int64_t n = rows * d1;

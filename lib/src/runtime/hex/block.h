@@ -63,6 +63,9 @@ struct ValueEntries {
   // code.acc ([nq][sl.dim]) and code.base ([nq]) for slot order sl and out
   // (flushing first on a change).
   void prepare_code(const Slots& sl, std::int64_t nq, float* out, std::int64_t out_stride);
+  // Multiplies query j's pending sums (expander and code sums, bias sum) by
+  // f: a running softmax whose maximum grew rescales what it has summed.
+  void scale(std::int64_t j, float f);
   void flush();
 };
 

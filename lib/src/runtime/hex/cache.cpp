@@ -356,40 +356,95 @@ void HexLayerCache::attend_head(const Impl& m, std::int64_t h, const float* q, s
   const Impl::Head& hd = m.head[static_cast<std::size_t>(h)];
   const float* qh = q + h * group * d;
   float* oh = out + h * group * d;
-  // Without a caller's buffer, the weights go to this thread's scratch: a
-  // fresh vector would be allocated (and zeroed) on every call, at 128 KiB
-  // per query head and 32K tokens.
-  thread_local std::vector<float> local;
-  float* p;
-  if (probs) {
-    p = probs + h * group * S;
-  } else {
-    if (static_cast<std::int64_t>(local.size()) < group * S) local.resize(static_cast<std::size_t>(group * S));
-    p = local.data();
-  }
-  // Each pass reads one of the head's two block streams front to back.
+  // The head's tokens go in pieces of whole blocks, about kPieceWeights
+  // weights each (32 KiB: the piece's scores stay in L1 from scoring through
+  // the softmax to the value pass), with a running softmax per query (max,
+  // sum of exponentials, output scaled to that max) and one normalisation at
+  // the end: two passes over each piece's weights instead of three over the
+  // whole row, and no buffer of S weights per query unless the caller asks
+  // for the probabilities. The output does not depend on whether it does:
+  // the same weights are computed either way, in probs or in scratch.
+  constexpr std::int64_t kPieceWeights = 8192;
+  const std::int64_t target = std::max<std::int64_t>(1, kPieceWeights / group);
   const std::vector<HexBlockView>& blocks = hd.blocks.views();
   const std::size_t nb = blocks.size();
-  std::int64_t pos = 0;
+  thread_local std::vector<float> local;
+  float* const row = probs ? probs + h * group * S : nullptr;  // query j's at row + j * S
+  const std::int64_t p_stride = probs ? S : 0;
+  thread_local std::vector<float> mx, z, piece_max;  // per query; per piece and query (probs only)
+  thread_local std::vector<std::int64_t> piece_at;   // the pieces' first tokens (probs only)
+  mx.assign(static_cast<std::size_t>(group), -std::numeric_limits<float>::infinity());
+  z.assign(static_cast<std::size_t>(group), 0.0f);
+  piece_max.clear();
+  piece_at.clear();
+  for (std::int64_t j = 0; j < group; ++j) std::fill(oh + j * d, oh + (j + 1) * d, 0.0f);
   KeyEntries ke;  // the mask's entries, shared by the blocks
   ValueEntries ve;
-  for (std::size_t i = 0; i < nb; ++i) {
-    const HexBlockView& v = blocks[i];
-    block_scores(v, qh, group, d, scale, p + pos, S, m.opt.dot, ke);
-    pos += v.tokens;
+  // The weights of tokens [pos, pos + n): in probs, or in scratch (stride n).
+  const auto weights = [&](std::int64_t pos, std::int64_t n, std::int64_t& stride) {
+    if (row) {
+      stride = p_stride;
+      return row + pos;
+    }
+    if (static_cast<std::int64_t>(local.size()) < group * n) local.resize(static_cast<std::size_t>(group * n));
+    stride = n;
+    return local.data();
+  };
+  // The running softmax over a piece's scores (query j's at p + j * stride).
+  const auto soften = [&](float* p, std::int64_t stride, std::int64_t pos, std::int64_t n) {
+    for (std::int64_t j = 0; j < group; ++j) {
+      const float f =
+          online_softmax_row(p + j * stride, n, mx[static_cast<std::size_t>(j)], z[static_cast<std::size_t>(j)]);
+      if (f != 1.0f) {
+        for (std::int64_t c = 0; c < d; ++c) oh[j * d + c] *= f;
+        ve.scale(j, f);
+      }
+    }
+    if (row) {
+      piece_at.push_back(pos);
+      piece_max.insert(piece_max.end(), mx.begin(), mx.end());
+    }
+  };
+  std::int64_t pos = 0;
+  for (std::size_t i = 0; i < nb;) {
+    std::size_t e = i + 1;
+    std::int64_t n = blocks[i].tokens;
+    for (; e < nb && n + blocks[e].tokens <= target; ++e) n += blocks[e].tokens;
+    std::int64_t stride = 0;
+    float* p = weights(pos, n, stride);
+    for (std::size_t k = i, at = 0; k < e; at += static_cast<std::size_t>(blocks[k].tokens), ++k)
+      block_scores(blocks[k], qh, group, d, scale, p + at, stride, m.opt.dot, ke);
+    soften(p, stride, pos, n);
+    for (std::size_t k = i, at = 0; k < e; at += static_cast<std::size_t>(blocks[k].tokens), ++k)
+      block_accumulate(blocks[k], p + at, group, stride, oh, d, m.opt.dot, ve);
+    pos += n;
+    i = e;
   }
-  const std::int64_t off = m.residual_offset();
-  half_scores(qh, group, d, hd.res_k.data() + off * d, S - pos, d, d, scale, p + pos, S);
-  softmax_rows(p, group, S, S);
-  for (std::int64_t j = 0; j < group; ++j) std::fill(oh + j * d, oh + (j + 1) * d, 0.0f);
-  pos = 0;
-  for (std::size_t i = 0; i < nb; ++i) {
-    const HexBlockView& v = blocks[i];
-    block_accumulate(v, p + pos, group, S, oh, d, m.opt.dot, ve);
-    pos += v.tokens;
+  if (const std::int64_t n = S - pos; n > 0) {  // the residual rows
+    const std::int64_t off = m.residual_offset();
+    std::int64_t stride = 0;
+    float* p = weights(pos, n, stride);
+    half_scores(qh, group, d, hd.res_k.data() + off * d, n, d, d, scale, p, stride);
+    soften(p, stride, pos, n);
+    half_accumulate(p, group, stride, hd.res_v.data() + off * d, n, d, d, oh, d);
   }
   ve.flush();
-  half_accumulate(p + pos, group, S, hd.res_v.data() + off * d, S - pos, d, d, oh, d);
+  for (std::int64_t j = 0; j < group; ++j) {
+    const float inv = 1.0f / z[static_cast<std::size_t>(j)];
+    for (std::int64_t c = 0; c < d; ++c) oh[j * d + c] *= inv;
+  }
+  if (!row) return;
+  // The probabilities: each piece's weights from its maximum to the last.
+  const std::size_t pieces = piece_at.size();
+  for (std::size_t k = 0; k < pieces; ++k) {
+    const std::int64_t p0 = piece_at[k], p1 = k + 1 < pieces ? piece_at[k + 1] : S;
+    for (std::int64_t j = 0; j < group; ++j) {
+      const auto jj = static_cast<std::size_t>(j);
+      const float f = std::exp(piece_max[k * static_cast<std::size_t>(group) + jj] - mx[jj]) / z[jj];
+      float* pj = row + j * S;
+      for (std::int64_t t = p0; t < p1; ++t) pj[t] *= f;
+    }
+  }
 }
 
 std::int64_t HexLayerCache::tokens() const { return impl_->tokens; }

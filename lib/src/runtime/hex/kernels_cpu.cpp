@@ -109,8 +109,8 @@ HWY_INLINE hn::Vec<D> ExpNonPositive(D d, hn::Vec<D> x) {
   return hn::IfThenZeroElse(hn::Lt(x, lo), hn::Mul(y, pow2));
 }
 
-// Softmax of one row of n scores in place: max, then exp and sum, then scale.
-void SoftmaxRow(float* r, std::int64_t n) {
+// The largest of n scores (-inf for n = 0).
+HWY_INLINE float MaxRow(const float* r, std::int64_t n) {
   const DF d;
   const auto N = static_cast<std::int64_t>(hn::Lanes(d));
   auto mv = hn::Set(d, -std::numeric_limits<float>::infinity());
@@ -118,9 +118,17 @@ void SoftmaxRow(float* r, std::int64_t n) {
   for (; i + N <= n; i += N) mv = hn::Max(mv, hn::LoadU(d, r + i));
   float m = hn::GetLane(hn::MaxOfLanes(d, mv));
   for (; i < n; ++i) m = std::max(m, r[i]);
+  return m;
+}
+
+// r[i] = e^(r[i] - m) in place for scores r[i] <= m; returns their sum.
+HWY_INLINE float ExpSumRow(float* r, std::int64_t n, float m) {
+  const DF d;
+  const auto N = static_cast<std::int64_t>(hn::Lanes(d));
   const auto mvec = hn::Set(d, m);
   auto z0 = hn::Zero(d);
-  for (i = 0; i + N <= n; i += N) {
+  std::int64_t i = 0;
+  for (; i + N <= n; i += N) {
     const auto e = ExpNonPositive(d, hn::Sub(hn::LoadU(d, r + i), mvec));
     hn::StoreU(e, d, r + i);
     z0 = hn::Add(z0, e);
@@ -130,10 +138,30 @@ void SoftmaxRow(float* r, std::int64_t n) {
     r[i] = std::exp(r[i] - m);
     z += r[i];
   }
+  return z;
+}
+
+// Softmax of one row of n scores in place: max, then exp and sum, then scale.
+void SoftmaxRow(float* r, std::int64_t n) {
+  const DF d;
+  const auto N = static_cast<std::int64_t>(hn::Lanes(d));
+  const float z = ExpSumRow(r, n, MaxRow(r, n));
   const float inv = 1.0f / z;
   const auto iv = hn::Set(d, inv);
-  for (i = 0; i + N <= n; i += N) hn::StoreU(hn::Mul(hn::LoadU(d, r + i), iv), d, r + i);
+  std::int64_t i = 0;
+  for (; i + N <= n; i += N) hn::StoreU(hn::Mul(hn::LoadU(d, r + i), iv), d, r + i);
   for (; i < n; ++i) r[i] *= inv;
+}
+
+// One step of a softmax over a row in pieces (see online_softmax_row).
+float OnlineSoftmaxRow(float* r, std::int64_t n, float* m, float* z) {
+  const float mn = std::max(*m, MaxRow(r, n));
+  // e^(m - mn): 1 where the maximum stays, 0 on the first piece (m = -inf).
+  const float factor = mn == *m ? 1.0f : std::exp(*m - mn);
+  const float sum = ExpSumRow(r, n, mn);
+  *z = *z * factor + sum;
+  *m = mn;
+  return factor;
 }
 
 // One fp16 row as floats (row holds dim halves).
@@ -2379,6 +2407,7 @@ HWY_EXPORT(TargetName);
 HWY_EXPORT(DotF);
 HWY_EXPORT(AxpyF);
 HWY_EXPORT(SoftmaxRow);
+HWY_EXPORT(OnlineSoftmaxRow);
 HWY_EXPORT(HalfScores);
 HWY_EXPORT(HalfAccumulate);
 HWY_EXPORT(CodeScores);
@@ -2418,6 +2447,9 @@ const char* kernel_target() { return HWY_DYNAMIC_DISPATCH(TargetName)(); }
 float dot(const float* a, const float* b, std::int64_t n) { return HWY_DYNAMIC_DISPATCH(DotF)(a, b, n); }
 void axpy(float w, const float* x, float* y, std::int64_t n) { HWY_DYNAMIC_DISPATCH(AxpyF)(w, x, y, n); }
 void softmax_row(float* r, std::int64_t n) { HWY_DYNAMIC_DISPATCH(SoftmaxRow)(r, n); }
+float online_softmax_row(float* r, std::int64_t n, float& m, float& z) {
+  return HWY_DYNAMIC_DISPATCH(OnlineSoftmaxRow)(r, n, &m, &z);
+}
 
 void half_scores(const float* q, std::int64_t nq, std::int64_t q_stride, const half_bits* k, std::int64_t rows,
                  std::int64_t dim, std::int64_t k_stride, float scale, float* out, std::int64_t out_stride) {

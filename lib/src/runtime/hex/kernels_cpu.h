@@ -55,6 +55,14 @@ float dot(const float* a, const float* b, std::int64_t n);
 void axpy(float w, const float* x, float* y, std::int64_t n);
 // r[i] = exp(r[i] - max r) / sum_j exp(r[j] - max r), in place (n >= 1).
 void softmax_row(float* r, std::int64_t n);
+// One piece of a softmax over a row taken in pieces (flash-decoding's running
+// state): with m the largest score and z the sum of e^(s - m) over the
+// earlier pieces (m = -inf, z = 0 before the first), sets m to
+// max(m, max r), rescales z to it and adds this piece's terms, and replaces
+// r[i] by e^(r[i] - m). Returns the factor e^(m_before - m) by which anything
+// summed with the earlier pieces' weights must be scaled (1 if the maximum
+// stayed, 0 on the first piece).
+float online_softmax_row(float* r, std::int64_t n, float& m, float& z);
 
 // Scores over fp16 rows: out[j * out_stride + t] = scale * q_j . k_t for
 // t < rows (k_t at k + t * k_stride, dim halves) and j < nq (q_j at q + j * q_stride).
