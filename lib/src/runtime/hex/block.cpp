@@ -486,10 +486,23 @@ void attend_fp16(const float* q, std::int64_t nq, std::int64_t q_stride, const h
     local.resize(static_cast<std::size_t>(nq * tokens));
     p = local.data();
   }
+  // As HexLayerCache::attend computes its fp16 method (one piece): the
+  // exponentials unnormalised through the value pass, the output scaled by
+  // 1 / sum once, so that the two agree bit for bit.
   half_scores(q, nq, q_stride, k, tokens, dim, token_stride, scale, p, tokens);
-  softmax_rows(p, nq, tokens, tokens);
-  for (std::int64_t j = 0; j < nq; ++j) std::fill(out + j * out_stride, out + j * out_stride + dim, 0.0f);
+  std::vector<float> z(static_cast<std::size_t>(nq), 0.0f);
+  for (std::int64_t j = 0; j < nq; ++j) {
+    float mx = -std::numeric_limits<float>::infinity();
+    online_softmax_row(p + j * tokens, tokens, mx, z[static_cast<std::size_t>(j)]);
+    std::fill(out + j * out_stride, out + j * out_stride + dim, 0.0f);
+  }
   half_accumulate(p, nq, tokens, v, tokens, dim, token_stride, out, out_stride);
+  for (std::int64_t j = 0; j < nq; ++j) {
+    const float inv = 1.0f / z[static_cast<std::size_t>(j)];
+    for (std::int64_t c = 0; c < dim; ++c) out[j * out_stride + c] *= inv;
+    if (probs)
+      for (std::int64_t t = 0; t < tokens; ++t) p[j * tokens + t] *= inv;
+  }
 }
 
 }  // namespace kvcal::runtime

@@ -364,8 +364,11 @@ void HexLayerCache::attend_head(const Impl& m, std::int64_t h, const float* q, s
   // whole row, and no buffer of S weights per query unless the caller asks
   // for the probabilities. The output does not depend on whether it does:
   // the same weights are computed either way, in probs or in scratch.
+  // The fp16 method (bits 0) takes the whole context as one piece, so that
+  // it equals attend_fp16 bit for bit (the reference eval-fidelity measures
+  // against: its fp16 row has no error).
   constexpr std::int64_t kPieceWeights = 8192;
-  const std::int64_t target = std::max<std::int64_t>(1, kPieceWeights / group);
+  const std::int64_t target = m.opt.bits == 0 ? S : std::max<std::int64_t>(1, kPieceWeights / group);
   const std::vector<HexBlockView>& blocks = hd.blocks.views();
   const std::size_t nb = blocks.size();
   thread_local std::vector<float> local;
@@ -405,28 +408,36 @@ void HexLayerCache::attend_head(const Impl& m, std::int64_t h, const float* q, s
       piece_max.insert(piece_max.end(), mx.begin(), mx.end());
     }
   };
+  // Segments: the blocks, then the residual rows (segment nb, if any).
+  const std::int64_t off = m.residual_offset();
+  std::int64_t in_blocks = 0;
+  for (const HexBlockView& b : blocks) in_blocks += b.tokens;
+  const std::size_t segments = nb + (S > in_blocks ? 1 : 0);
+  const auto seg_tokens = [&](std::size_t k) {
+    return k < nb ? static_cast<std::int64_t>(blocks[k].tokens) : S - in_blocks;
+  };
   std::int64_t pos = 0;
-  for (std::size_t i = 0; i < nb;) {
+  for (std::size_t i = 0; i < segments;) {
     std::size_t e = i + 1;
-    std::int64_t n = blocks[i].tokens;
-    for (; e < nb && n + blocks[e].tokens <= target; ++e) n += blocks[e].tokens;
+    std::int64_t n = seg_tokens(i);
+    for (; e < segments && n + seg_tokens(e) <= target; ++e) n += seg_tokens(e);
     std::int64_t stride = 0;
     float* p = weights(pos, n, stride);
-    for (std::size_t k = i, at = 0; k < e; at += static_cast<std::size_t>(blocks[k].tokens), ++k)
-      block_scores(blocks[k], qh, group, d, scale, p + at, stride, m.opt.dot, ke);
+    for (std::size_t k = i, at = 0; k < e; at += static_cast<std::size_t>(seg_tokens(k)), ++k) {
+      if (k < nb)
+        block_scores(blocks[k], qh, group, d, scale, p + at, stride, m.opt.dot, ke);
+      else
+        half_scores(qh, group, d, hd.res_k.data() + off * d, seg_tokens(k), d, d, scale, p + at, stride);
+    }
     soften(p, stride, pos, n);
-    for (std::size_t k = i, at = 0; k < e; at += static_cast<std::size_t>(blocks[k].tokens), ++k)
-      block_accumulate(blocks[k], p + at, group, stride, oh, d, m.opt.dot, ve);
+    for (std::size_t k = i, at = 0; k < e; at += static_cast<std::size_t>(seg_tokens(k)), ++k) {
+      if (k < nb)
+        block_accumulate(blocks[k], p + at, group, stride, oh, d, m.opt.dot, ve);
+      else
+        half_accumulate(p + at, group, stride, hd.res_v.data() + off * d, seg_tokens(k), d, d, oh, d);
+    }
     pos += n;
     i = e;
-  }
-  if (const std::int64_t n = S - pos; n > 0) {  // the residual rows
-    const std::int64_t off = m.residual_offset();
-    std::int64_t stride = 0;
-    float* p = weights(pos, n, stride);
-    half_scores(qh, group, d, hd.res_k.data() + off * d, n, d, d, scale, p, stride);
-    soften(p, stride, pos, n);
-    half_accumulate(p, group, stride, hd.res_v.data() + off * d, n, d, d, oh, d);
   }
   ve.flush();
   for (std::int64_t j = 0; j < group; ++j) {
