@@ -410,8 +410,7 @@ void HexLayerCache::attend_head(const Impl& m, std::int64_t h, const float* q, s
   };
   // Segments: the blocks, then the residual rows (segment nb, if any).
   const std::int64_t off = m.residual_offset();
-  std::int64_t in_blocks = 0;
-  for (const HexBlockView& b : blocks) in_blocks += b.tokens;
+  const std::int64_t in_blocks = m.compressed;
   const std::size_t segments = nb + (S > in_blocks ? 1 : 0);
   const auto seg_tokens = [&](std::size_t k) {
     return k < nb ? static_cast<std::int64_t>(blocks[k].tokens) : S - in_blocks;
