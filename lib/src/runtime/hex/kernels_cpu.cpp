@@ -1490,7 +1490,26 @@ float ValueWeights(const float* params, const float* p, std::int64_t n, float* a
 // acc[l] += sum_{i < 4} a[4l + i] * b[4l + i], a unsigned and b signed
 // bytes (VPDPBUSD's contract). Every target computes the same exact int32
 // sums, provided each pair a[2m] b[2m] + a[2m+1] b[2m+1] fits in int16
-// (true for 4-bit codes times int8 weights).
+// (true for 4-bit codes times int8 weights) and, on Arm, a < 128.
+//
+// Arm's integer dot products: SVE's SDOT is VPDPBUSD's signed twin (every
+// SVE target has it); AArch64 NEON without the dot-product extension (which
+// Highway's NEON target does not assume) multiplies and adds pairs (see
+// NeonPairs). Both read the unsigned bytes a as signed: a < 128 there.
+// (Defined once per target: this file is compiled once for each.)
+#undef KVCAL_SVE
+#undef KVCAL_NEON_A64
+#if HWY_TARGET == HWY_SVE || HWY_TARGET == HWY_SVE2 || HWY_TARGET == HWY_SVE_256 || HWY_TARGET == HWY_SVE2_128
+#define KVCAL_SVE 1
+#else
+#define KVCAL_SVE 0
+#endif
+#if HWY_ARCH_ARM_A64 && HWY_TARGET == HWY_NEON
+#define KVCAL_NEON_A64 1
+#else
+#define KVCAL_NEON_A64 0
+#endif
+
 #if HWY_TARGET != HWY_SCALAR
 #if HWY_TARGET == HWY_AVX3_DL
 // VPDPBUSD (AVX512-VNNI, part of what Highway requires for AVX3_DL). Its
@@ -1522,6 +1541,16 @@ HWY_INLINE __m256i WidenRaw(__m256i x) { return _mm256_madd_epi16(x, _mm256_set1
 #endif
 HWY_INLINE __m128i PairsRaw(__m128i a, __m128i b) { return _mm_maddubs_epi16(a, b); }
 HWY_INLINE __m128i WidenRaw(__m128i x) { return _mm_madd_epi16(x, _mm_set1_epi16(1)); }
+#elif KVCAL_NEON_A64
+// Pair sums of a 128-bit vector (AArch64 NEON): SMULL and SMULL2 give the
+// sixteen int16 products, ADDP adds neighbours, [a0 b0 + a1 b1, ..., a14 b14
+// + a15 b15] in order -- PMADDUBSW's result (3 instructions where the generic
+// form takes 9). The unsigned codes are read as signed bytes: exact for a <
+// 128 (every code the kernels multiply has at most 4 bits).
+HWY_INLINE int16x8_t NeonPairs(uint8x16_t a, int8x16_t b) {
+  const int8x16_t as = vreinterpretq_s8_u8(a);
+  return vpaddq_s16(vmull_s8(vget_low_s8(as), vget_low_s8(b)), vmull_high_s8(as, b));
+}
 #endif
 
 // Products as int16 pair sums, acc16[m] += a[2m] b[2m] + a[2m+1] b[2m+1],
@@ -1541,6 +1570,9 @@ HWY_INLINE hn::Vec<hn::Repartition<std::int16_t, D8>> DotPairs(D8 d8, hn::Vec<D8
   (void)d8;
   return hn::Add(acc, decltype(acc){PairsRaw(a.raw, b.raw)});
 #else
+#if KVCAL_NEON_A64
+  if constexpr (hn::MaxLanes(D8()) == 16) return hn::Add(acc, decltype(acc){NeonPairs(a.raw, b.raw)});
+#endif
   const hn::Repartition<std::uint16_t, D8> du16;
   const hn::Repartition<std::int16_t, D8> d16;
   const auto a16 = hn::BitCast(du16, a);
@@ -1560,6 +1592,9 @@ HWY_INLINE hn::Vec<hn::Repartition<std::int32_t, D16>> WidenPairs(D16, hn::Vec<D
 #if HWY_ARCH_X86
   return hn::Add(acc32, decltype(acc32){WidenRaw(acc16.raw)});
 #else
+#if KVCAL_NEON_A64
+  if constexpr (hn::MaxLanes(D16()) == 8) return decltype(acc32){vpadalq_s16(acc32.raw, acc16.raw)};
+#endif
   const hn::Repartition<std::int32_t, D16> d32;
   const auto p = hn::BitCast(d32, acc16);
   return hn::Add(acc32, hn::Add(hn::ShiftRight<16>(hn::ShiftLeft<16>(p)), hn::ShiftRight<16>(p)));
@@ -1573,6 +1608,9 @@ HWY_INLINE hn::Vec<hn::Repartition<std::int32_t, D8>> DotBytes(D8 d8, hn::Vec<D8
 #if HWY_TARGET == HWY_AVX3_DL
   (void)d8;
   return decltype(acc){DotBytesRaw(acc.raw, a.raw, b.raw)};
+#elif KVCAL_SVE
+  (void)d8;
+  return svdot_s32(acc, svreinterpret_s8_u8(a), b);  // a < 128: see above
 #else
   const hn::Repartition<std::int16_t, D8> d16;
   return WidenPairs(d16, DotPairs(d8, a, b, hn::Zero(d16)), acc);
