@@ -1545,7 +1545,7 @@ HWY_INLINE __m128i WidenRaw(__m128i x) { return _mm_madd_epi16(x, _mm_set1_epi16
 // Pair sums of a 128-bit vector (AArch64 NEON): SMULL and SMULL2 give the
 // sixteen int16 products, ADDP adds neighbours, [a0 b0 + a1 b1, ..., a14 b14
 // + a15 b15] in order -- PMADDUBSW's result (3 instructions where the generic
-// form takes 9). The unsigned codes are read as signed bytes: exact for a <
+// form takes 8). The unsigned codes are read as signed bytes: exact for a <
 // 128 (every code the kernels multiply has at most 4 bits).
 HWY_INLINE int16x8_t NeonPairs(uint8x16_t a, int8x16_t b) {
   const int8x16_t as = vreinterpretq_s8_u8(a);
