@@ -12,6 +12,8 @@
 //  kernel/softmax: softmax_row over one query's 32K scores (the decode
 //    benchmark's context; 128 KB, in the L2 cache), items = weights.
 // items_per_second counts codes times queries (multiply-adds).
+// KVCAL_BENCH_TARGET forces a SIMD target, KVCAL_AVX_VNNI=0/1 the AVX-VNNI
+// integer kernels on AVX2 (see force_target.h).
 #include <benchmark/benchmark.h>
 
 #include <cstdint>
@@ -19,6 +21,7 @@
 #include <string>
 #include <vector>
 
+#include "force_target.h"
 #include "runtime/hex/kernels_cpu.h"
 
 namespace {
@@ -123,7 +126,9 @@ void quantize(benchmark::State& state, const std::string& dot) {
 }
 
 int register_all() {
-  benchmark::AddCustomContext("simd_target", d::kernel_target());
+  kvcal::bench::force_target_from_env();  // KVCAL_BENCH_TARGET (force_target.h)
+  benchmark::AddCustomContext("simd_target",
+                              std::string(d::kernel_target()) + (d::avx_vnni_active() ? "+AVX-VNNI" : ""));
   for (const char* dot : {"float32", "int14", "int8"}) {
     const std::string s(dot);
     using Fn = void (*)(benchmark::State&, const std::string&);

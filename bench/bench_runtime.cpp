@@ -8,7 +8,8 @@
 //    threads (bytes = what the cache stores, i.e. what decode must read).
 //  streaming_read/<threads>: a vectorised sum over 256 MB, the memory-read
 //    bandwidth the decode figures are compared with.
-// The context line simd_target names the kernels' SIMD target on this host.
+// The context line simd_target names the kernels' SIMD target on this host
+// (KVCAL_BENCH_TARGET forces another: see force_target.h).
 // Keys and values are Gaussian with a few outlier channels, the shape real
 // keys have; the expander mask is generated and certified like the runtime does.
 #include <benchmark/benchmark.h>
@@ -23,6 +24,7 @@
 
 #include <omp.h>
 
+#include "force_target.h"
 #include "kvcal/runtime/hex.h"
 #include "kvcal/runtime/mask_cache.h"
 #include "streaming_read.h"
@@ -137,6 +139,7 @@ void streaming_read(benchmark::State& state) {
 
 int register_all() {
   // The SIMD target the kernels run on (dispatched at run time).
+  kvcal::bench::force_target_from_env();
   benchmark::AddCustomContext("simd_target", rt::simd_target());
   for (const char* m : kMethods) {
     if (std::string(m) != "fp16" && std::string(m).find('@') == std::string::npos)

@@ -8,6 +8,10 @@ namespace kvcal::runtime {
 void halves_to_floats(const half_bits* in, std::int64_t n, float* out) { fp16::to_floats(in, n, out); }
 void floats_to_halves(const float* in, std::int64_t n, half_bits* out) { fp16::from_floats(in, n, out); }
 
-std::string simd_target() { return detail::kernel_target(); }
+std::string simd_target() {
+  std::string t = detail::kernel_target();
+  if (detail::avx_vnni_active()) t += "+AVX-VNNI";  // the integer kernels on VEX VPDPBUSD
+  return t;
+}
 
 }  // namespace kvcal::runtime

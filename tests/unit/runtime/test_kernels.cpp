@@ -22,6 +22,9 @@
 #include <vector>
 
 #include <hwy/targets.h>
+#if defined(__x86_64__)
+#include <cpuid.h>
+#endif
 
 #include "kvcal/core/half.h"
 #include "runtime/hex/kernels_cpu.h"
@@ -63,17 +66,26 @@ std::uint32_t bits_of(float f) {
   return u;
 }
 
-// Runs body once per target, with the dispatch forced to it.
+// Runs body once per target, with the dispatch forced to it; on AVX2 where
+// the CPU has AVX-VNNI, twice: with the AVX2 kernels (PMADDUBSW) and with the
+// AVX-VNNI ones (VPDPBUSD) for the integer code kernels.
 template <class F>
 void on_every_target(F body) {
   const auto targets = hwy::SupportedAndGeneratedTargets();
   ASSERT_FALSE(targets.empty());
+  const bool vnni_before = set_avx_vnni(false);
   for (const std::int64_t target : targets) {
     hwy::SetSupportedTargetsForTest(target);
-    SCOPED_TRACE(std::string("target ") + hwy::TargetName(target));
-    ASSERT_STREQ(kernel_target(), hwy::TargetName(target));
-    body();
+    for (const bool vnni : {false, true}) {
+      if (vnni && !(target == HWY_AVX2 && avx_vnni_available())) continue;
+      set_avx_vnni(vnni);
+      SCOPED_TRACE(std::string("target ") + hwy::TargetName(target) + (vnni ? " with AVX-VNNI" : ""));
+      ASSERT_STREQ(kernel_target(), hwy::TargetName(target));
+      ASSERT_EQ(avx_vnni_active(), vnni);
+      body();
+    }
   }
+  set_avx_vnni(vnni_before);
   hwy::SetSupportedTargetsForTest(0);
 }
 
@@ -82,8 +94,33 @@ TEST(HexKernels, TargetsIncludeTheHostsBest) {
   ASSERT_FALSE(targets.empty());
   std::string names;
   for (const auto t : targets) names += std::string(hwy::TargetName(t)) + " ";
+  if (avx_vnni_available()) names += "(AVX2 also with AVX-VNNI)";
   std::printf("SIMD targets tested on this CPU: %s\n", names.c_str());
   EXPECT_STREQ(kernel_target(), hwy::TargetName(targets.front()));
+}
+
+// The AVX-VNNI kernels stand in for AVX2's integer kernels only: on every
+// other target they stay out whatever the setting.
+TEST(HexKernels, AvxVnniOnlyWhereTheDispatchChoseAvx2) {
+  const auto targets = hwy::SupportedAndGeneratedTargets();
+  ASSERT_FALSE(targets.empty());
+  const bool before = set_avx_vnni(true);
+  for (const std::int64_t target : targets) {
+    hwy::SetSupportedTargetsForTest(target);
+    SCOPED_TRACE(std::string("target ") + hwy::TargetName(target));
+    EXPECT_EQ(avx_vnni_active(), target == HWY_AVX2 && avx_vnni_available());
+    set_avx_vnni(false);
+    EXPECT_FALSE(avx_vnni_active());
+    set_avx_vnni(true);
+  }
+  hwy::SetSupportedTargetsForTest(0);
+  set_avx_vnni(before);
+#if defined(__x86_64__) && !defined(__SANITIZE_ADDRESS__) && !defined(__SANITIZE_THREAD__)
+  // The cpuid bit itself (leaf 7, subleaf 1, EAX bit 4), read here apart.
+  unsigned a = 0, b = 0, c = 0, d = 0;
+  const bool cpu = __get_cpuid_count(7, 1, &a, &b, &c, &d) != 0 && (a & (1u << 4)) != 0;
+  EXPECT_EQ(avx_vnni_available(), cpu);
+#endif
 }
 
 TEST(HexKernels, CodeScoresAndAccumulateMatchReference) {

@@ -9,15 +9,26 @@
 #include "runtime/hex/kernels_cpu.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cassert>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <limits>
 #include <utility>
 #if defined(__x86_64__) || defined(__i386__)
+#include <cpuid.h>      // __get_cpuid_count (AVX-VNNI)
 #include <immintrin.h>  // _pdep_u64 (BMI2: part of the AVX2 and AVX-512 targets)
 #endif
 
+// The kernels' namespace: Highway's per-target one, except in the extra
+// AVX2 pass for AVX-VNNI (see the end of this file), which compiles them once
+// more for AVX2 into N_AVX2_VNNI, with Highway's AVX2 operations.
+#undef KVCAL_KERNEL_NS
+#ifdef KVCAL_AVXVNNI_PASS
+#define KVCAL_KERNEL_NS N_AVX2_VNNI
+#else
+#define KVCAL_KERNEL_NS HWY_NAMESPACE
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "runtime/hex/kernels_cpu.cpp"
 #include <hwy/foreach_target.h>  // IWYU pragma: keep
@@ -25,11 +36,17 @@
 // After highway.h, once per target (kept apart so that include sorting
 // cannot move it above foreach_target.h).
 #include <hwy/contrib/math/math-inl.h>
+#endif
 
 HWY_BEFORE_NAMESPACE();
 namespace kvcal::runtime::detail {
-namespace HWY_NAMESPACE {
+namespace KVCAL_KERNEL_NS {
+#ifdef KVCAL_AVXVNNI_PASS
+static_assert(HWY_TARGET == HWY_AVX2, "the AVX-VNNI kernels are the AVX2 target's");
+namespace hn = hwy::N_AVX2;  // and so are its operations (set_macros-inl.h made HWY_NAMESPACE that)
+#else
 namespace hn = hwy::HWY_NAMESPACE;
+#endif
 
 // Whether this target converts binary16 in hardware (F16C on x86-64 AVX2 and
 // up, Arm NEON/SVE); the others convert row by row with the scalar routine.
@@ -1528,6 +1545,17 @@ HWY_INLINE __m128i DotBytesRaw(__m128i acc, __m128i a, __m128i b) {
   asm("%{evex%} vpdpbusd %2, %1, %0" : "+v"(acc) : "v"(a), "v"(b));
   return acc;
 }
+#elif defined(KVCAL_AVXVNNI_PASS)
+// VPDPBUSD in its VEX form (AVX-VNNI), on the AVX2 target's vectors; "x"
+// operands: VEX encodes only the first 16 vector registers.
+HWY_INLINE __m256i DotBytesRaw(__m256i acc, __m256i a, __m256i b) {
+  asm("%{vex%} vpdpbusd %2, %1, %0" : "+x"(acc) : "x"(a), "x"(b));
+  return acc;
+}
+HWY_INLINE __m128i DotBytesRaw(__m128i acc, __m128i a, __m128i b) {
+  asm("%{vex%} vpdpbusd %2, %1, %0" : "+x"(acc) : "x"(a), "x"(b));
+  return acc;
+}
 #elif HWY_ARCH_X86
 // PMADDUBSW (pairs of products to int16) and PMADDWD by 1 (pairs of int16 to
 // int32).
@@ -1560,7 +1588,11 @@ HWY_INLINE int16x8_t NeonPairs(uint8x16_t a, int8x16_t b) {
 // 2 * 15 * 128 = 3840 in magnitude (codes of at most 4 bits, int8 limbs), so
 // kPairSums of them stay exact in int16.
 constexpr int kPairSums = 8;
+#ifdef KVCAL_AVXVNNI_PASS
+constexpr bool kPairTarget = false;
+#else
 constexpr bool kPairTarget = HWY_TARGET != HWY_AVX3_DL;
+#endif
 
 template <class D8>
 HWY_INLINE hn::Vec<hn::Repartition<std::int16_t, D8>> DotPairs(D8 d8, hn::Vec<D8> a,
@@ -1605,7 +1637,7 @@ template <class D8>
 HWY_INLINE hn::Vec<hn::Repartition<std::int32_t, D8>> DotBytes(D8 d8, hn::Vec<D8> a,
                                                                hn::Vec<hn::Repartition<std::int8_t, D8>> b,
                                                                hn::Vec<hn::Repartition<std::int32_t, D8>> acc) {
-#if HWY_TARGET == HWY_AVX3_DL
+#if HWY_TARGET == HWY_AVX3_DL || defined(KVCAL_AVXVNNI_PASS)
   (void)d8;
   return decltype(acc){DotBytesRaw(acc.raw, a.raw, b.raw)};
 #elif KVCAL_SVE
@@ -2433,15 +2465,59 @@ void QuantizeRows(int limbs, const float* w, std::int64_t rows, std::int64_t n, 
 }
 
 const char* TargetName() { return hwy::TargetName(HWY_TARGET); }
+// Whether this is the AVX2 target (the one the AVX-VNNI kernels stand in for).
+bool IsAvx2() { return HWY_TARGET == HWY_AVX2; }
 
-}  // namespace HWY_NAMESPACE
+}  // namespace KVCAL_KERNEL_NS
 }  // namespace kvcal::runtime::detail
 HWY_AFTER_NAMESPACE();
 
-#if HWY_ONCE
+// AVX-VNNI (VEX-encoded VPDPBUSD on 256- and 128-bit vectors: Intel Alder
+// Lake and later client cores, Sierra Forest, AMD Zen 5) is not a target of
+// Highway 1.0.3, whose best target without AVX-512 is AVX2 (PMADDUBSW). The
+// kernels are therefore compiled once more here for AVX2, as N_AVX2_VNNI,
+// with DotBytes on VPDPBUSD and int32 accumulators (kPairTarget false), and
+// the integer entry points take them where Highway chose AVX2 and the CPU
+// has AVX-VNNI (cpuid leaf 7, subleaf 1, EAX bit 4). Not in the sanitizer
+// builds (they leave out the row kernels this is for).
+#if HWY_ONCE && !defined(KVCAL_AVXVNNI_PASS)
+#if HWY_ARCH_X86_64 && (HWY_TARGETS & HWY_AVX2) && KVCAL_ROW_KERNELS
+#define KVCAL_AVXVNNI_PASS 1
+#define KVCAL_HAVE_AVXVNNI_KERNELS 1
+// set_macros-inl.h defines the per-target macros (HWY_NAMESPACE, the target
+// attributes) once per toggle of HWY_TARGET_TOGGLE, as foreach_target.h
+// flips it: flipped here for AVX2 and again for the static target after.
+#pragma push_macro("HWY_TARGET")
+#undef HWY_TARGET
+#define HWY_TARGET HWY_AVX2
+#ifdef HWY_TARGET_TOGGLE
+#undef HWY_TARGET_TOGGLE
+#else
+#define HWY_TARGET_TOGGLE
+#endif
+#include <hwy/ops/set_macros-inl.h>
+#include "runtime/hex/kernels_cpu.cpp"  // NOLINT(bugprone-suspicious-include): the extra pass
+#undef HWY_TARGET
+#pragma pop_macro("HWY_TARGET")
+#ifdef HWY_TARGET_TOGGLE
+#undef HWY_TARGET_TOGGLE
+#else
+#define HWY_TARGET_TOGGLE
+#endif
+#include <hwy/ops/set_macros-inl.h>  // back to the static target's macros
+#undef KVCAL_AVXVNNI_PASS
+#undef KVCAL_KERNEL_NS
+#define KVCAL_KERNEL_NS HWY_NAMESPACE
+#else
+#define KVCAL_HAVE_AVXVNNI_KERNELS 0
+#endif
+#endif
+
+#if HWY_ONCE && !defined(KVCAL_AVXVNNI_PASS)
 namespace kvcal::runtime::detail {
 
 HWY_EXPORT(TargetName);
+HWY_EXPORT(IsAvx2);
 HWY_EXPORT(DotF);
 HWY_EXPORT(AxpyF);
 HWY_EXPORT(SoftmaxRow);
@@ -2481,6 +2557,35 @@ std::uint8_t* byte_scratch(int bits, std::int64_t rows, std::int64_t dim) {
 }  // namespace
 
 const char* kernel_target() { return HWY_DYNAMIC_DISPATCH(TargetName)(); }
+
+namespace {
+bool cpu_has_avx_vnni() {
+#if KVCAL_HAVE_AVXVNNI_KERNELS
+  unsigned a = 0, b = 0, c = 0, d = 0;
+  return __get_cpuid_count(7, 1, &a, &b, &c, &d) != 0 && (a & (1u << 4)) != 0;
+#else
+  return false;
+#endif
+}
+// On unless the environment says KVCAL_AVX_VNNI=0 (a way to run the AVX2
+// kernels on such a host, e.g. under a tool that does not know VPDPBUSD).
+std::atomic<bool>& avx_vnni_allowed() {
+  static std::atomic<bool> allowed{[] {
+    const char* e = std::getenv("KVCAL_AVX_VNNI");
+    return e == nullptr || std::strcmp(e, "0") != 0;
+  }()};
+  return allowed;
+}
+}  // namespace
+
+bool avx_vnni_available() {
+  static const bool has = cpu_has_avx_vnni();
+  return has;
+}
+bool set_avx_vnni(bool allow) { return avx_vnni_allowed().exchange(allow); }
+bool avx_vnni_active() {
+  return avx_vnni_available() && avx_vnni_allowed().load(std::memory_order_relaxed) && HWY_DYNAMIC_DISPATCH(IsAvx2)();
+}
 
 float dot(const float* a, const float* b, std::int64_t n) { return HWY_DYNAMIC_DISPATCH(DotF)(a, b, n); }
 void axpy(float w, const float* x, float* y, std::int64_t n) { HWY_DYNAMIC_DISPATCH(AxpyF)(w, x, y, n); }
@@ -2549,12 +2654,20 @@ void widen_codes3(const std::uint8_t* codes, std::int64_t rows, std::int64_t dim
 void code_scores_int(const std::uint8_t* codes, std::int64_t rows, std::int64_t row_bytes, int bits, std::int64_t dim,
                      int limbs, const std::int8_t* w8, std::int64_t nq, std::int64_t w8_stride, std::int32_t* out,
                      std::int64_t out_stride) {
+#if KVCAL_HAVE_AVXVNNI_KERNELS
+  if (avx_vnni_active())
+    return N_AVX2_VNNI::CodeScoresInt(codes, rows, row_bytes, bits, dim, limbs, w8, nq, w8_stride, out, out_stride);
+#endif
   HWY_DYNAMIC_DISPATCH(CodeScoresInt)(codes, rows, row_bytes, bits, dim, limbs, w8, nq, w8_stride, out, out_stride);
 }
 
 void code_accumulate_int(const std::uint8_t* codes, std::int64_t rows, std::int64_t row_bytes, int bits,
                          std::int64_t dim, int limbs, const std::int8_t* w8, std::int64_t nq, std::int64_t w8_stride,
                          std::int32_t* acc, std::int64_t acc_stride) {
+#if KVCAL_HAVE_AVXVNNI_KERNELS
+  if (avx_vnni_active())
+    return N_AVX2_VNNI::CodeAccumulateInt(codes, rows, row_bytes, bits, dim, limbs, w8, nq, w8_stride, acc, acc_stride);
+#endif
   HWY_DYNAMIC_DISPATCH(CodeAccumulateInt)
   (codes, rows, row_bytes, bits, dim, limbs, w8, nq, w8_stride, acc, acc_stride);
 }

@@ -48,6 +48,15 @@ struct Slots {
 // The name of the target the kernels run on now ("AVX3_DL", "AVX2", "SSE4",
 // "NEON", "SVE", "EMU128", ...).
 const char* kernel_target();
+// AVX-VNNI: x86-64 CPUs without AVX-512 but with VEX-encoded VPDPBUSD run the
+// integer code kernels (code_scores_int, code_accumulate_int) on it in place
+// of AVX2's PMADDUBSW, with identical results. available: the CPU has it (and
+// this build compiled the kernels for it); active: they are in use now (the
+// dispatch chose AVX2 and set_avx_vnni has not turned them off). set_avx_vnni
+// returns the previous setting (tests and benchmarks compare both paths).
+bool avx_vnni_available();
+bool avx_vnni_active();
+bool set_avx_vnni(bool allow);
 
 // sum_i a[i] * b[i].
 float dot(const float* a, const float* b, std::int64_t n);
