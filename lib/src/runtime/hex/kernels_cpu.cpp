@@ -1546,13 +1546,10 @@ HWY_INLINE __m128i DotBytesRaw(__m128i acc, __m128i a, __m128i b) {
   return acc;
 }
 #elif defined(KVCAL_AVXVNNI_PASS)
-// VPDPBUSD in its VEX form (AVX-VNNI), on the AVX2 target's vectors; "x"
-// operands: VEX encodes only the first 16 vector registers.
-HWY_INLINE __m256i DotBytesRaw(__m256i acc, __m256i a, __m256i b) {
-  asm("%{vex%} vpdpbusd %2, %1, %0" : "+x"(acc) : "x"(a), "x"(b));
-  return acc;
-}
-HWY_INLINE __m128i DotBytesRaw(__m128i acc, __m128i a, __m128i b) {
+// VPDPBUSD in its VEX form (AVX-VNNI), on the AVX2 target's vectors (__m256i
+// and __m128i); "x" operands: VEX encodes only the first 16 vector registers.
+template <class V>
+HWY_INLINE V DotBytesRaw(V acc, V a, V b) {
   asm("%{vex%} vpdpbusd %2, %1, %0" : "+x"(acc) : "x"(a), "x"(b));
   return acc;
 }
