@@ -2470,7 +2470,7 @@ bool IsAvx2() { return HWY_TARGET == HWY_AVX2; }
 HWY_AFTER_NAMESPACE();
 
 // AVX-VNNI (VEX-encoded VPDPBUSD on 256- and 128-bit vectors: Intel Alder
-// Lake and later client cores, Sierra Forest, AMD Zen 5) is not a target of
+// Lake and later client cores, Sierra Forest) is not a target of
 // Highway 1.0.3, whose best target without AVX-512 is AVX2 (PMADDUBSW). The
 // kernels are therefore compiled once more here for AVX2, as N_AVX2_VNNI,
 // with DotBytes on VPDPBUSD and int32 accumulators (kPairTarget false), and
