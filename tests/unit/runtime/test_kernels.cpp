@@ -115,8 +115,10 @@ TEST(HexKernels, AvxVnniOnlyWhereTheDispatchChoseAvx2) {
   }
   hwy::SetSupportedTargetsForTest(0);
   set_avx_vnni(before);
-#if defined(__x86_64__) && !defined(__SANITIZE_ADDRESS__) && !defined(__SANITIZE_THREAD__)
+#if defined(__x86_64__) && (HWY_TARGETS & HWY_AVX2) && !defined(__SANITIZE_ADDRESS__) && !defined(__SANITIZE_THREAD__)
   // The cpuid bit itself (leaf 7, subleaf 1, EAX bit 4), read here apart.
+  // (Builds without the AVX2 target -- -march=native on an AVX-512 host --
+  // or with sanitizers compile no AVX-VNNI kernels: unavailable there.)
   unsigned a = 0, b = 0, c = 0, d = 0;
   const bool cpu = __get_cpuid_count(7, 1, &a, &b, &c, &d) != 0 && (a & (1u << 4)) != 0;
   EXPECT_EQ(avx_vnni_available(), cpu);
