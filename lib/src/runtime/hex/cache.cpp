@@ -82,7 +82,7 @@ void check_options(const HexOptions& o) {
 namespace {
 
 // The compressed blocks of one head as two streams: the key side of every
-// block (parameters, expander entries, codes, fp16 rows, kept indices) one
+// block (parameters, expander entries, kept indices, codes, fp16 rows) one
 // block after the other, in the order the score pass reads them, and the
 // value side likewise for the accumulation pass. A decode then reads two
 // sequential streams, which the hardware prefetcher follows; a HexBlock's
@@ -106,9 +106,9 @@ class BlockStore {
     HexBlockView v = b.view();
     v.k_params = keys_.copy(b.k_params);
     v.k_sparse = keys_.copy(b.k_sparse);
+    v.kept_index = b.kept_index.empty() ? nullptr : keys_.copy(b.kept_index);
     v.k_codes = keys_.copy(b.k_codes);
     v.k_kept = keys_.copy(b.k_kept);
-    v.kept_index = b.kept_index.empty() ? nullptr : keys_.copy(b.kept_index);
     v.v_params = values_.copy(b.v_params);
     v.v_sparse = values_.copy(b.v_sparse);
     v.v_kept = values_.copy(b.v_kept);
