@@ -16,7 +16,7 @@ if grep -q '^KVCAL_NATIVE:BOOL=ON' "$build/CMakeCache.txt" 2>/dev/null; then
   echo "test_emulated: $build is a -march=native build; emulation needs a portable one" >&2
   exit 2
 fi
-cmake --build "$build" -j "$(nproc)" --target kvcal_kernel_tests kvcal_runtime_tests
+cmake --build "$build" -j "$(nproc)" --target kvcal_kernel_tests kvcal_runtime_tests kvcal_cli
 
 echo "== x86-64 without AVX (qemu-x86_64 -cpu Westmere)"
 out=$(qemu-x86_64 -cpu Westmere "$build/tests/kvcal_kernel_tests" 2>&1) || { echo "$out"; exit 1; }
@@ -24,6 +24,10 @@ echo "$out" | grep -E 'SIMD targets|PASSED|FAILED'
 # The emulated CPU must really lack AVX: the best target is SSE4.
 echo "$out" | grep -q 'SIMD targets tested on this CPU: SSE4 ' || { echo "test_emulated: expected SSE4 as the best target" >&2; exit 1; }
 (cd "$build/tests" && qemu-x86_64 -cpu Westmere ./kvcal_runtime_tests --gtest_brief=1)
+# The CLI names the kernels the same binary picks on this CPU.
+version=$(qemu-x86_64 -cpu Westmere "$build/bin/kvcal" --version)
+echo "$version"
+[[ $version == *"CPU kernels: SSE4)" ]] || { echo "test_emulated: kvcal --version should name SSE4" >&2; exit 1; }
 
 echo "== aarch64 (qemu-aarch64)"
 mkdir -p build/aarch64

@@ -121,6 +121,9 @@ case_version() {
   local want
   want=$(sed -nE 's/^project\(kvcal VERSION ([0-9.]+).*/\1/p' "$CLI_DIR/../../CMakeLists.txt" || true)
   [[ -z $want ]] || grep -qE "^kvcal ${want//./\\.}( |\$)" "$OUT" || fail_last "version is not the project's $want"
+  # The SIMD target the runtime picked for this CPU (AVX2, AVX2+AVX-VNNI, NEON, ...).
+  grep -qE 'CPU kernels: [A-Z][A-Z0-9_]*(\+AVX-VNNI)?\)$' "$OUT" ||
+    fail_last "expected 'CPU kernels: TARGET' in the version line"
 }
 
 case_usage_errors() {
