@@ -128,10 +128,9 @@ int main(int argc, char** argv) {
   app.footer(kFooter);
   // The CPU kernels named are the ones the runtime dispatches to on this host
   // (the same binary reports another target on another CPU).
-  app.set_version_flag("--version",
-                       fmt::format("kvcal {} (CUDA: {}; {}; CPU kernels: {})", kVersion,
-                                   KVCAL_ENABLE_CUDA ? "enabled" : "disabled", cli::dist::describe(),
-                                   runtime::simd_target()));
+  app.set_version_flag("--version", fmt::format("kvcal {} (CUDA: {}; {}; CPU kernels: {})", kVersion,
+                                                KVCAL_ENABLE_CUDA ? "enabled" : "disabled", cli::dist::describe(),
+                                                runtime::simd_target()));
   app.require_subcommand(1);
   // Global options (--config, -q, -v) are accepted after the subcommand too.
   app.fallthrough();
