@@ -7,8 +7,10 @@
 //
 // Counters: bytes_per_second = the bytes a step must read (every used byte
 // of the pages it visits, the residual rows, the queries) / time;
-// frac_hbm = that over the H100 SXM's HBM3 peak (3.35 TB/s); frac_copy = over
-// a device-to-device copy's read+write rate measured in the same run.
+// frac_hbm = that over the device's HBM peak (2 x memory clock x bus width,
+// from the device's attributes: 3.35 TB/s on an H100 SXM, 4.9 on an H200);
+// frac_copy = over a device-to-device copy's read+write rate measured in the
+// same run.
 // BM_compress: a step in which every request's block fills; amortised = its
 // time / 96 steps, beside the decode step of the same shape.
 //
@@ -27,6 +29,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <memory>
 #include <random>
 #include <string>
@@ -45,7 +48,6 @@ namespace kc = kvcal::runtime::cuda;
 namespace {
 
 constexpr int kHeads = 8, kQHeads = 32, kDim = 128, kBlock = 96;
-constexpr double kHbmPeak = 3.35e12;
 
 struct DeviceBuffer {
   void* p = nullptr;
@@ -79,6 +81,15 @@ std::shared_ptr<const rt::Mask> mask(std::int64_t d1) {
     m->indices.insert(m->indices.end(), all.begin(), all.begin() + d1);
   }
   return m;
+}
+
+// Decode work items to aim for: 16 per multiprocessor, a few waves of the
+// thread blocks that fit at once (so that the last wave's tail is short).
+std::int32_t decode_items() {
+  int device = 0, sms = 0;
+  cudaGetDevice(&device);
+  cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
+  return std::max(1, sms) * 16;
 }
 
 // One layer's cache for `batch` requests of `context` tokens, filled on the device.
@@ -175,9 +186,9 @@ struct Layer {
       std::int64_t kept = 0;
       for (const std::int32_t c : counts) kept += c;
       selected_fraction = static_cast<double>(kept) / static_cast<double>(batch * (context / kBlock));
-      plan = cache->plan_decode(ids, counts, 0, 528);
+      plan = cache->plan_decode(ids, counts, 0, decode_items());
     } else {
-      plan = cache->plan_decode(ids);
+      plan = cache->plan_decode(ids, 0, decode_items());
       cache->page_table(ids, indptr, indices);
     }
     const std::size_t wsb = kc::hex_decode_workspace_bytes(plan, indices, g, kQHeads);
@@ -190,16 +201,16 @@ struct Layer {
     ok(cudaMemcpy(q->p, qh.data(), qh.size() * 4, cudaMemcpyHostToDevice), "q");
     // Bytes a step reads: each page's used bytes (kept rows, codes of the
     // quantized rows, parameters, entries; header and index), the residual rows.
-    std::vector<std::uint8_t> header(16);
+    std::vector<std::uint8_t> headers(static_cast<std::size_t>(n_pages) * 16);  // every page's 16 bytes, one copy
+    ok(cudaMemcpy2D(headers.data(), 16, L.pages, static_cast<std::size_t>(g.page_bytes()), 16,
+                    static_cast<std::size_t>(n_pages), cudaMemcpyDeviceToHost),
+       "headers");
     for (const std::int32_t id : indices) {
-      ok(cudaMemcpy(header.data(), L.pages + static_cast<std::int64_t>(id) * g.page_bytes(), 16,
-                    cudaMemcpyDeviceToHost),
-         "header");
       rt::HexBlockView v;
       v.tokens = g.block;
       v.head_dim = g.head_dim;
       v.bits = g.bits;
-      v.kept_rows = *reinterpret_cast<const std::int32_t*>(header.data());
+      std::memcpy(&v.kept_rows, headers.data() + static_cast<std::size_t>(id) * 16, 4);
       v.row_bytes = g.row_bytes();
       v.mask_degree = g.bits == 0 ? 0 : g.mask_degree;
       bytes += static_cast<double>(rt::hex_block_bytes(v) + 16);
@@ -235,14 +246,24 @@ double copy_rate() {  // device-to-device copy, bytes moved (read + write) per s
   return rate;
 }
 
-// Times the body with CUDA events over the benchmark's iterations.
-// setup() runs before each, outside the events.
+// The device's HBM peak in bytes/s: double data rate x bus width.
+double hbm_peak() {
+  int device = 0, khz = 0, bits = 0;
+  cudaGetDevice(&device);
+  cudaDeviceGetAttribute(&khz, cudaDevAttrMemoryClockRate, device);
+  cudaDeviceGetAttribute(&bits, cudaDevAttrGlobalMemoryBusWidth, device);
+  return 2.0 * khz * 1e3 * bits / 8.0;
+}
+
+// Times the body with CUDA events over the benchmark's iterations and returns
+// the mean seconds per iteration. setup() runs before each, outside the events.
 template <class Body, class Setup = void (*)()>
-void timed(
+double timed(
     benchmark::State& state, Body body, Setup setup = [] {}) {
   cudaEvent_t e0, e1;
   cudaEventCreate(&e0);
   cudaEventCreate(&e1);
+  double total = 0;
   setup();
   body();  // warm-up
   ok(cudaDeviceSynchronize(), "warm-up");
@@ -255,9 +276,11 @@ void timed(
     float ms = 0;
     cudaEventElapsedTime(&ms, e0, e1);
     state.SetIterationTime(ms * 1e-3);
+    total += ms * 1e-3;
   }
   cudaEventDestroy(e0);
   cudaEventDestroy(e1);
+  return state.iterations() > 0 ? total / static_cast<double>(state.iterations()) : 0.0;
 }
 
 #define KVCAL_NEED_GPU(state)                                         \
@@ -278,8 +301,12 @@ void BM_decode(benchmark::State& state) {
   const std::int64_t context = state.range(1) * 1024;
   try {
     Layer layer(bits, context, batch);
-    timed(state, [&] { decode_step(layer); });
+    const double seconds = timed(state, [&] { decode_step(layer); });
     state.counters["bytes_per_second"] = benchmark::Counter(layer.bytes, benchmark::Counter::kIsIterationInvariantRate);
+    if (seconds > 0) {
+      state.counters["frac_hbm"] = layer.bytes / seconds / hbm_peak();
+      state.counters["frac_copy"] = layer.bytes / seconds / copy_rate();
+    }
     state.counters["MB_per_step"] = layer.bytes / 1e6;
     state.counters["work_items"] = static_cast<double>(layer.plan.items.size());
     state.counters["copy_GBps"] = copy_rate() / 1e9;
@@ -479,6 +506,22 @@ void BM_h2d_copy(benchmark::State& state) {  // the link's peak from pinned memo
 
 }  // namespace
 
+BENCHMARK(BM_decode)
+    ->ArgNames({"bits", "ctxK", "batch"})
+    ->ArgsProduct({{4, 3, 2, 0}, {32, 128}, {1, 16}})
+    ->UseManualTime()
+    ->Unit(benchmark::kMicrosecond)
+    ->MinTime(0.5);
+BENCHMARK(BM_compress)
+    ->ArgNames({"bits", "batch"})
+    ->ArgsProduct({{4, 3, 2}, {1, 16}})
+    ->UseManualTime()
+    ->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_chess_hex_decode)
+    ->ArgNames({"ctxK", "batch"})
+    ->ArgsProduct({{32, 128}, {1, 16}})
+    ->UseManualTime()
+    ->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_chess_select)
     ->ArgNames({"ctxK", "batch"})
     ->ArgsProduct({{32, 128}, {1, 16}})
@@ -487,21 +530,5 @@ BENCHMARK(BM_chess_select)
 BENCHMARK(BM_drift_step)->ArgNames({"ctxK"})->Arg(32)->Arg(128)->UseManualTime()->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_gather)->ArgNames({"rows"})->Arg(256)->Arg(2048)->UseManualTime()->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_h2d_copy)->UseManualTime()->Unit(benchmark::kMicrosecond);
-BENCHMARK(BM_decode)
-    ->ArgNames({"bits", "ctxK", "batch"})
-    ->ArgsProduct({{4, 3, 2, 0}, {32, 128}, {1, 16}})
-    ->UseManualTime()
-    ->Unit(benchmark::kMicrosecond)
-    ->MinTime(0.5);
-BENCHMARK(BM_chess_hex_decode)
-    ->ArgNames({"ctxK", "batch"})
-    ->ArgsProduct({{32, 128}, {1, 16}})
-    ->UseManualTime()
-    ->Unit(benchmark::kMicrosecond);
-BENCHMARK(BM_compress)
-    ->ArgNames({"bits", "batch"})
-    ->ArgsProduct({{4, 3, 2}, {1, 16}})
-    ->UseManualTime()
-    ->Unit(benchmark::kMicrosecond);
 
 BENCHMARK_MAIN();

@@ -121,6 +121,9 @@ struct uint4 {
   unsigned x, y, z, w;
 };
 inline uint4 make_uint4(unsigned x, unsigned y, unsigned z, unsigned w) { return uint4{x, y, z, w}; }
+struct alignas(16) float4 {
+  float x, y, z, w;
+};
 
 namespace kvcal::runtime::cuda::kernels {
 inline unsigned char* dynamic_shared() {

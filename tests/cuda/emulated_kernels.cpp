@@ -128,9 +128,11 @@ struct Emulated {
     a.requests = static_cast<std::int32_t>(plan.residual_rows.size());
     a.slots = static_cast<std::int32_t>(slots);
     a.q_heads = q_heads;
-    const std::size_t shared = kk::DecodeShared::bytes(q_heads / L.kv_heads, L.geometry.head_dim, L.geometry.block);
-    emu::launch(static_cast<unsigned>(a.n_items), kk::kDecodeThreads, shared,
-                [&] { kk::hex_decode_kernel(L, a, q, scale, observe); });
+    kk::with_group(q_heads / L.kv_heads, [&](auto group) {
+      constexpr int G = decltype(group)::value;
+      emu::launch(static_cast<unsigned>(a.n_items), kk::kDecodeThreads, kk::DecodeShared<G>::bytes(L.geometry),
+                  [&] { kk::hex_decode_kernel<G>(L, a, q, scale, observe); });
+    });
     emu::launch(static_cast<unsigned>(a.requests * L.kv_heads), kk::kDecodeThreads, 0,
                 [&] { kk::hex_merge_kernel(L, a, out, observe); });
   }

@@ -101,13 +101,25 @@ void hex_run_decode(const HexDeviceLayer& L, const HexDecodeArgs& a, const float
   if (g.mask_degree > 0 && g.bits != 0 && !L.mask) throw Error("hex CUDA decode: the mask is null");
   if (!L.pages || !L.residual || !q || !out) throw Error("hex CUDA decode: null pool, query or output pointer");
   if (!std::isfinite(scale)) throw Error("hex CUDA decode: the scale is not finite");
-  const std::size_t shared = DecodeShared::bytes(a.q_heads / L.kv_heads, g.head_dim, g.block);
-  if (shared > 48 * 1024)
-    throw Error("hex CUDA decode: a block of " + std::to_string(g.block) + " tokens needs " + std::to_string(shared) +
-                " bytes of shared memory, above 48 KiB");
   if (a.n_items == 0) return;
-  hex_decode_kernel<<<a.n_items, kDecodeThreads, shared, stream>>>(L, a, q, scale, observe);
-  detail::check_launch("hex_decode_kernel");
+  with_group(a.q_heads / L.kv_heads, [&](auto group) {
+    constexpr int G = decltype(group)::value;
+    const std::size_t shared = DecodeShared<G>::bytes(g);
+    if (shared > 48 * 1024) {  // above the default: opt in, up to what the device allows
+      int device = 0, most = 0;
+      detail::check(cudaGetDevice(&device), "hex CUDA decode: cudaGetDevice");
+      detail::check(cudaDeviceGetAttribute(&most, cudaDevAttrMaxSharedMemoryPerBlockOptin, device),
+                    "hex CUDA decode: cudaDeviceGetAttribute");
+      if (shared > static_cast<std::size_t>(most))
+        throw Error("hex CUDA decode: a block of " + std::to_string(g.block) + " tokens needs " +
+                    std::to_string(shared) + " bytes of shared memory, above the device's " + std::to_string(most));
+      detail::check(cudaFuncSetAttribute(hex_decode_kernel<G>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                         static_cast<int>(shared)),
+                    "hex CUDA decode: cudaFuncSetAttribute");
+    }
+    hex_decode_kernel<G><<<a.n_items, kDecodeThreads, shared, stream>>>(L, a, q, scale, observe);
+    detail::check_launch("hex_decode_kernel");
+  });
   hex_merge_kernel<<<a.requests * L.kv_heads, kDecodeThreads, 0, stream>>>(L, a, out, observe);
   detail::check_launch("hex_merge_kernel");
 }

@@ -1,36 +1,57 @@
 // The decode kernels: work items over pages, then the merge of splits. Included by hex_decode.cu and by the host
 // emulation (tests/cuda/emulated_kernels.cpp); see kernels_common.cuh.
 // Include after <cuda_runtime.h> (nvcc) or tests/cuda/cuda_emulation.h.
+//
+// A work item walks its pages one after another. Per page, the thread block
+//  1. copies the key side of the page (kept indices, kept rows, codes,
+//     parameters, expander entries) into shared memory with coalesced 32-bit
+//     loads, rows padded to an odd number of words so that one thread per row
+//     reads them without bank conflicts;
+//  2. scores every token of the query group, one thread per quantized row, then
+//     one per kept row (no divergence between the two but in one warp): codes
+//     widened 32 at a time with compile-time shifts, the query terms read as
+//     broadcast 16-byte loads;
+//  3. copies the value side of the page into the same buffer while the running
+//     maximum is updated, then the weights, and per-row weights w = p delta;
+//  4. accumulates the values, one thread per channel over the quantized rows
+//     (sum of w x code, plus sum of p min once), then the kept rows, then the
+//     expander entries' corrections.
+// The residual rows (the request's partial block) are read in place.
 #pragma once
 
+#include <type_traits>
+
 #include "runtime/cuda/kernels_common.cuh"
+
+#if defined(__CUDACC__)
+#include <cuda_fp16.h>
+#endif
 
 namespace kvcal::runtime::cuda::kernels {
 
 constexpr int kDecodeThreads = 128;
-
-// The codes of a packed row in order, read as 32-bit little-endian words
-// (the row's length a multiple of 4 bytes: never reads past it).
-struct CodeReader {
-  const std::uint32_t* w;
-  std::uint64_t buf = 0;
-  int have = 0, bits;
-  unsigned mask;
-  __device__ CodeReader(const std::uint8_t* row, int b)
-      : w(reinterpret_cast<const std::uint32_t*>(row)), bits(b), mask((1u << b) - 1u) {}
-  __device__ unsigned next() {
-    if (have < bits) {
-      buf |= static_cast<std::uint64_t>(*w++) << have;
-      have += 32;
-    }
-    const unsigned c = static_cast<unsigned>(buf) & mask;
-    buf >>= bits;
-    have -= bits;
-    return c;
-  }
-};
+constexpr int kDecodeBlocksPerSm = 6;  // registers for 6 resident blocks: loads of 6 pages in flight per SM
 constexpr int kMaxGroup = 8;
 constexpr int kMaxHeadDim = 128;
+
+// binary16 -> float, exact (the hardware conversion on the device).
+__device__ inline float h2f(half_bits h) {
+#if defined(__CUDA_ARCH__)
+  return __half2float(__ushort_as_half(h));
+#else
+  return half_to_float(h);
+#endif
+}
+
+// A code (< 2^23) as a float, exact: 2^23 + c built in the mantissa, 2^23
+// subtracted (two full-rate operations instead of one quarter-rate I2F).
+__device__ inline float code_float(unsigned c) {
+#if defined(__CUDA_ARCH__)
+  return __uint_as_float(c | 0x4B000000u) - 8388608.0f;
+#else
+  return static_cast<float>(c);
+#endif
+}
 
 __device__ inline float warp_sum(float x) {
   for (int o = 16; o > 0; o >>= 1) x += __shfl_xor_sync(0xffffffffu, x, o);
@@ -41,46 +62,240 @@ __device__ inline float warp_max(float x) {
   return x;
 }
 
-// Dynamic shared memory of the decode kernel, in floats and ints.
-struct DecodeShared {
-  float *qs, *qd, *kmin, *acc, *p, *bias, *m, *l, *alpha;
-  std::int32_t* tok;
-  __host__ __device__ static std::size_t bytes(int group, int d, int nb) {
-    return (static_cast<std::size_t>(3) * group * d + d + static_cast<std::size_t>(group) * nb + 4 * group) * 4 +
-           static_cast<std::size_t>(nb) * 4;
-  }
-  __device__ DecodeShared(unsigned char* s, int group, int d, int nb) {
-    float* f = reinterpret_cast<float*>(s);
-    qs = f;
-    qd = qs + group * d;
-    kmin = qd + group * d;
-    acc = kmin + d;
-    p = acc + group * d;
-    bias = p + group * nb;
-    m = bias + group;
-    l = m + group;
-    alpha = l + group;
-    tok = reinterpret_cast<std::int32_t*>(alpha + group);
+// Words of a staged row of `bytes` bytes: odd, so that 32 threads reading
+// the same word of 32 rows hit 32 banks.
+__host__ __device__ inline int odd_words(int bytes) { return bytes <= 0 ? 0 : ((bytes + 3) / 4) | 1; }
+
+// Where the stage buffer (32-bit words) holds one side of a page.
+struct StageLayout {
+  int kept_stride = 0, code_stride = 0;             // words per staged row
+  int kept = 0, codes = 0, params = 0, sparse = 0;  // offsets in words
+  int index = 0, words = 0;
+  __host__ __device__ explicit StageLayout(const HexPageGeometry& g) {
+    const int cap = g.kept_capacity, nb = g.block, d = g.head_dim;
+    kept_stride = odd_words(2 * d);
+    code_stride = g.bits == 0 ? 0 : odd_words(g.row_bytes());
+    codes = kept + cap * kept_stride;
+    params = codes + nb * code_stride;
+    sparse = params + (g.bits == 0 ? 0 : (d > nb ? d : nb));
+    index = sparse + (g.bits == 0 ? 0 : (nb * g.mask_degree + 1) / 2);
+    words = index + (g.bits == 0 ? 0 : (cap + 1) / 2);
   }
 };
 
-__global__ void __launch_bounds__(kDecodeThreads)
+// Queries padded to a multiple of 4 per channel (16-byte loads).
+template <int G>
+constexpr int kPadded = (G + 3) / 4 * 4;
+
+// Dynamic shared memory of the decode kernel: 16-byte aligned arrays first.
+template <int G>
+struct DecodeShared {
+  static constexpr int Gp = kPadded<G>;
+  float *qs, *qd, *wq, *pk;  // [d][Gp], [d][Gp], [nb][Gp], [nb][Gp]
+  float *kmin, *acc, *p;     // [d], [G][d], [G][nb]
+  float *bias, *vbias, *m, *l, *alpha;
+  std::int32_t *qt, *kt, *tq;   // quantized row -> token, kept row -> token, token -> quantized row or -1
+  std::int32_t *col_ptr, *col;  // the mask by column: entries (t << 8 | e) of channel c at [col_ptr[c], col_ptr[c + 1])
+  std::int32_t* mask;           // the mask's columns, [nb][d1]
+  std::uint32_t* stage;
+  __host__ __device__ static std::size_t bytes(const HexPageGeometry& g) {
+    const std::size_t d = g.head_dim, nb = g.block, d1 = g.bits == 0 ? 0 : g.mask_degree;
+    return (2 * d * Gp + 2 * nb * Gp + d + G * d + G * nb + 5 * G + 3 * nb + d + 1 + 2 * nb * d1 +
+            StageLayout(g).words) *
+           4;
+  }
+  __device__ DecodeShared(unsigned char* s, const HexPageGeometry& g) {
+    const int d = g.head_dim, nb = g.block;
+    qs = reinterpret_cast<float*>(s);
+    qd = qs + d * Gp;
+    wq = qd + d * Gp;
+    pk = wq + nb * Gp;
+    kmin = pk + nb * Gp;
+    acc = kmin + d;
+    p = acc + G * d;
+    bias = p + G * nb;
+    vbias = bias + G;
+    m = vbias + G;
+    l = m + G;
+    alpha = l + G;
+    qt = reinterpret_cast<std::int32_t*>(alpha + G);
+    kt = qt + nb;
+    tq = kt + nb;
+    col_ptr = tq + nb;
+    col = col_ptr + d + 1;
+    mask = col + nb * (g.bits == 0 ? 0 : g.mask_degree);
+    stage = reinterpret_cast<std::uint32_t*>(mask + nb * (g.bits == 0 ? 0 : g.mask_degree));
+  }
+};
+
+// One 32-bit word global -> shared without a register round trip: every copy
+// of a stage is in flight at once (cp.async), then copy_wait() and a barrier.
+__device__ inline void copy_word(std::uint32_t* dst, const std::uint32_t* src) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  const auto s = static_cast<unsigned>(__cvta_generic_to_shared(dst));
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(s), "l"(src) : "memory");
+#else
+  *dst = *src;
+#endif
+}
+__device__ inline void copy_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.wait_all;\n" ::: "memory");
+#endif
+}
+
+// Copies `rows` rows of `row_bytes` bytes (contiguous at src) to dst, row r at
+// word r * stride: asynchronous 32-bit copies when the rows allow, bytes
+// otherwise.
+__device__ inline void stage_rows(std::uint32_t* dst, int stride, const std::uint8_t* src, int rows, int row_bytes,
+                                  int tid, int nt) {
+  if (rows <= 0 || row_bytes <= 0) return;
+  if (row_bytes % 4 == 0 && (reinterpret_cast<std::uintptr_t>(src) & 3u) == 0) {
+    const int w = row_bytes / 4, dr = nt / w, dk = nt % w;
+    const auto* s = reinterpret_cast<const std::uint32_t*>(src);
+    int r = tid / w, k = tid % w;
+    for (int x = tid; x < rows * w; x += nt) {
+      copy_word(dst + r * stride + k, s + x);
+      r += dr;
+      k += dk;
+      if (k >= w) {
+        k -= w;
+        ++r;
+      }
+    }
+  } else {
+    auto* db = reinterpret_cast<std::uint8_t*>(dst);
+    for (int x = tid; x < rows * row_bytes; x += nt) {
+      const int r = x / row_bytes;
+      db[r * stride * 4 + (x - r * row_bytes)] = src[x];
+    }
+  }
+}
+
+// s[j] += sum over channels [c0, c0 + 32) of v[c][j] * code_c, the 32 codes
+// in B consecutive words (B bits each, little-endian).
+template <int G, int B>
+__device__ inline void dot32(const std::uint32_t* words, const float* v, float* s) {
+  constexpr int Gp = kPadded<G>;
+  std::uint32_t w[B];
+#pragma unroll
+  for (int k = 0; k < B; ++k) w[k] = words[k];
+#pragma unroll
+  for (int i = 0; i < 32; ++i) {
+    constexpr unsigned mask = (1u << B) - 1u;
+    const int bit = i * B, wi = bit / 32, sh = bit % 32;
+    unsigned c = w[wi] >> sh;
+    if (sh + B > 32) c |= w[wi + 1] << (32 - sh);
+    const float x = code_float(c & mask);
+    const float4* q4 = reinterpret_cast<const float4*>(v + i * Gp);
+#pragma unroll
+    for (int k = 0; k < Gp / 4; ++k) {
+      const float4 q = q4[k];
+      if (4 * k + 0 < G) s[4 * k + 0] = fmaf(q.x, x, s[4 * k + 0]);
+      if (4 * k + 1 < G) s[4 * k + 1] = fmaf(q.y, x, s[4 * k + 1]);
+      if (4 * k + 2 < G) s[4 * k + 2] = fmaf(q.z, x, s[4 * k + 2]);
+      if (4 * k + 3 < G) s[4 * k + 3] = fmaf(q.w, x, s[4 * k + 3]);
+    }
+  }
+}
+
+// s[j] += sum_c v[c][j] * x_c over the channels of one row.
+template <int G>
+__device__ inline void axpy_group(const float* v, float x, float* s) {
+  constexpr int Gp = kPadded<G>;
+  const float4* q4 = reinterpret_cast<const float4*>(v);
+#pragma unroll
+  for (int k = 0; k < Gp / 4; ++k) {
+    const float4 q = q4[k];
+    if (4 * k + 0 < G) s[4 * k + 0] = fmaf(q.x, x, s[4 * k + 0]);
+    if (4 * k + 1 < G) s[4 * k + 1] = fmaf(q.y, x, s[4 * k + 1]);
+    if (4 * k + 2 < G) s[4 * k + 2] = fmaf(q.z, x, s[4 * k + 2]);
+    if (4 * k + 3 < G) s[4 * k + 3] = fmaf(q.w, x, s[4 * k + 3]);
+  }
+}
+
+// The score of a quantized row against the group: codes (staged words) times
+// q * delta, in whole chunks of 32 channels where the row allows.
+template <int G>
+__device__ inline void score_codes(const std::uint32_t* row, int bits, int d, const float* qd, float* s) {
+  constexpr int Gp = kPadded<G>;
+  int c = 0;
+  for (; c + 32 <= d; c += 32) {  // a chunk of 32 codes starts on a word
+    const std::uint32_t* w = row + c * bits / 32;
+    if (bits == 4)
+      dot32<G, 4>(w, qd + c * Gp, s);
+    else if (bits == 3)
+      dot32<G, 3>(w, qd + c * Gp, s);
+    else
+      dot32<G, 2>(w, qd + c * Gp, s);
+  }
+  const auto* bytes = reinterpret_cast<const std::uint8_t*>(row);
+  for (; c < d; ++c) axpy_group<G>(qd + c * Gp, code_float(packed_code(bytes, c, bits)), s);
+}
+
+// The score of an fp16 row (row[c] for c < d) against the group.
+template <int G>
+__device__ inline void score_halves(const half_bits* row, int d, const float* qs, float* s) {
+  constexpr int Gp = kPadded<G>;
+  if (d % 2 == 0 && (reinterpret_cast<std::uintptr_t>(row) & 3u) == 0) {
+    const auto* w = reinterpret_cast<const std::uint32_t*>(row);
+    for (int c = 0; c < d; c += 2) {
+      const std::uint32_t x = w[c / 2];
+      axpy_group<G>(qs + c * Gp, h2f(static_cast<half_bits>(x & 0xffffu)), s);
+      axpy_group<G>(qs + (c + 1) * Gp, h2f(static_cast<half_bits>(x >> 16)), s);
+    }
+  } else {
+    for (int c = 0; c < d; ++c) axpy_group<G>(qs + c * Gp, h2f(row[c]), s);
+  }
+}
+
+template <int G>
+__global__ void __launch_bounds__(kDecodeThreads, kDecodeBlocksPerSm)
     hex_decode_kernel(HexDeviceLayer L, HexDecodeArgs A, const float* q, float scale, bool observe) {
+  constexpr int Gp = kPadded<G>;
   const HexPageGeometry g = L.geometry;
-  const int H = L.kv_heads, d = g.head_dim, nb = g.block, QH = A.q_heads, G = QH / H;
+  const int H = L.kv_heads, d = g.head_dim, nb = g.block, QH = A.q_heads;
   const int tid = threadIdx.x, nt = blockDim.x, warp = tid / 32, lane = tid % 32, warps = nt / 32;
   const HexDecodeItem item = A.items[blockIdx.x];
   const int i = item.request, h = item.head;
-  const DecodeShared S(dynamic_shared(), G, d, nb);
+  const DecodeShared<G> S(dynamic_shared(), g);
+  const StageLayout lay(g);
 
   const float* qh = q + (static_cast<std::int64_t>(i) * QH + h * G) * d;
-  for (int x = tid; x < G * d; x += nt) {
-    S.qs[x] = scale * qh[x];
-    S.acc[x] = 0.0f;
+  for (int x = tid; x < d * Gp; x += nt) {
+    const int c = x / Gp, j = x % Gp;
+    S.qs[x] = j < G ? scale * qh[j * d + c] : 0.0f;
+    S.qd[x] = 0.0f;
   }
+  for (int x = tid; x < G * d; x += nt) S.acc[x] = 0.0f;
   if (tid < G) {
     S.m[tid] = -INFINITY;
     S.l[tid] = 0.0f;
+  }
+  // The shared mask by column (the same for every page): each channel's
+  // entries, for the value pass to add their corrections without atomics.
+  const int md = g.bits != 0 && L.mask ? g.mask_degree : 0;
+  if (md > 0) {
+    for (int x = tid; x < nb * md; x += nt)
+      copy_word(reinterpret_cast<std::uint32_t*>(S.mask + x), reinterpret_cast<const std::uint32_t*>(L.mask + x));
+    copy_wait();
+    __syncthreads();
+    for (int c = tid; c < d; c += nt) {
+      int n_c = 0;
+      for (int x = 0; x < nb * md; ++x) n_c += S.mask[x] == c ? 1 : 0;
+      S.col_ptr[c + 1] = n_c;
+    }
+    __syncthreads();
+    if (tid == 0) {
+      S.col_ptr[0] = 0;
+      for (int c = 0; c < d; ++c) S.col_ptr[c + 1] += S.col_ptr[c];
+    }
+    __syncthreads();
+    for (int c = tid; c < d; c += nt) {
+      int at = S.col_ptr[c];
+      for (int x = 0; x < nb * md; ++x)
+        if (S.mask[x] == c) S.col[at++] = (x / md) << 8 | (x % md);
+    }
   }
   __syncthreads();
   const int R = item.with_residual ? A.residual_rows[i] : 0;
@@ -89,10 +304,14 @@ __global__ void __launch_bounds__(kDecodeThreads)
     const bool is_res = u == item.blocks;
     HexBlockView b;
     int n;
+    const half_bits* kk;  // kept key rows: staged (pages) or in place (residual)
+    int kk_stride;        // in halves
     if (!is_res) {
       const std::int32_t id = A.page_indices[A.page_indptr[i] + (item.first_block + u) * H + h];
       b = hex_page_view(g, L.pages + static_cast<std::int64_t>(id) * g.page_bytes(), L.mask);
       n = nb;
+      kk = reinterpret_cast<const half_bits*>(S.stage + lay.kept);
+      kk_stride = 2 * lay.kept_stride;
     } else {  // the residual rows: an all-kept fp16 block
       const std::uint8_t* base = L.residual + static_cast<std::int64_t>(A.residual_page[i]) * g.residual_bytes(H);
       b.tokens = b.kept_rows = R;
@@ -102,77 +321,101 @@ __global__ void __launch_bounds__(kDecodeThreads)
       b.v_kept =
           reinterpret_cast<const half_bits*>(base + g.residual_rows_bytes(H)) + static_cast<std::int64_t>(h) * nb * d;
       n = R;
+      kk = b.k_kept;
+      kk_stride = d;
     }
-    const bool coded = b.bits != 0 && b.quant_rows() > 0;
-    const int d1 = b.bits != 0 ? b.mask_degree : 0;
-    if (coded)
-      for (int c = tid; c < d; c += nt) {
-        const QuantParams pc = b.k_params[c];
-        const float delta = half_to_float(pc.delta);
-        S.kmin[c] = half_to_float(pc.min);
-        for (int j = 0; j < G; ++j) S.qd[j * d + c] = S.qs[j * d + c] * delta;
+    const int K = b.bits == 0 ? n : b.kept_rows, Q = n - K, bits = b.bits;
+    const int d1 = bits != 0 ? b.mask_degree : 0;
+    const bool coded = bits != 0 && Q > 0;
+    const auto* index = reinterpret_cast<const std::uint16_t*>(S.stage + lay.index);
+    // 1. The key side into shared memory.
+    if (!is_res) {
+      stage_rows(S.stage + lay.kept, lay.kept_stride, reinterpret_cast<const std::uint8_t*>(b.k_kept), K, 2 * d, tid,
+                 nt);
+      if (bits != 0) {
+        stage_rows(S.stage + lay.index, 0, reinterpret_cast<const std::uint8_t*>(b.kept_index), 1, 2 * K, tid, nt);
+        if (coded) {
+          stage_rows(S.stage + lay.codes, lay.code_stride, b.k_codes, Q, b.row_bytes, tid, nt);
+          stage_rows(S.stage + lay.params, 0, reinterpret_cast<const std::uint8_t*>(b.k_params), 1, 4 * d, tid, nt);
+          stage_rows(S.stage + lay.sparse, 0, reinterpret_cast<const std::uint8_t*>(b.k_sparse), 1, 2 * Q * d1, tid,
+                     nt);
+        }
       }
-    // Each token: -(r + 1) for kept row r, else its quantized row.
+    }
+    copy_wait();
+    __syncthreads();
+    // Which token each quantized and each kept row is.
     for (int t = tid; t < n; t += nt) {
-      int info = -(t + 1);
-      if (b.bits != 0) {
-        int r = 0;
-        while (r < b.kept_rows && b.kept_index[r] < t) ++r;
-        info = r < b.kept_rows && b.kept_index[r] == t ? -(r + 1) : t - r;
+      if (bits == 0) {
+        S.kt[t] = t;
+        S.tq[t] = -1;
+        continue;
       }
-      S.tok[t] = info;
+      int r = 0;
+      while (r < K && index[r] < t) ++r;
+      if (r < K && index[r] == t) {
+        S.kt[r] = t;
+        S.tq[t] = -1;
+      } else {
+        S.qt[t - r] = t;
+        S.tq[t] = t - r;
+      }
     }
+    const auto* kpar = reinterpret_cast<const QuantParams*>(S.stage + lay.params);
+    if (coded)
+      for (int x = tid; x < d * Gp; x += nt) {
+        const int c = x / Gp, j = x % Gp;
+        const QuantParams pc = kpar[c];
+        if (j == 0) S.kmin[c] = h2f(pc.min);
+        S.qd[x] = S.qs[x] * h2f(pc.delta);
+      }
     __syncthreads();
     if (coded)
       for (int j = warp; j < G; j += warps) {
         float s = 0.0f;
-        for (int c = lane; c < d; c += 32) s += S.qs[j * d + c] * S.kmin[c];
+        for (int c = lane; c < d; c += 32) s += S.qs[c * Gp + j] * S.kmin[c];
         s = warp_sum(s);
         if (lane == 0) S.bias[j] = s;
       }
     __syncthreads();
-    // Scores: one thread per token, the whole query group at once.
-    for (int t = tid; t < n; t += nt) {
-      float s[kMaxGroup];
-      const int info = S.tok[t];
-      if (info < 0) {
-        const half_bits* row = b.k_kept + static_cast<std::int64_t>(-info - 1) * d;
-        for (int j = 0; j < kMaxGroup; ++j) s[j] = 0.0f;
-        for (int c = 0; c < d; ++c) {
-          const float x = half_to_float(row[c]);
+    // 2. Scores: quantized rows, then kept rows.
+    const auto* ks = reinterpret_cast<const half_bits*>(S.stage + lay.sparse);
+    for (int x = tid; x < n; x += nt) {
+      float s[G];
+      int t;
+      if (x < Q) {
+        t = S.qt[x];
 #pragma unroll
-          for (int j = 0; j < kMaxGroup; ++j)
-            if (j < G) s[j] += S.qs[j * d + c] * x;
+        for (int j = 0; j < G; ++j) s[j] = S.bias[j];
+        score_codes<G>(S.stage + lay.codes + x * lay.code_stride, bits, d, S.qd, s);
+        for (int e = 0; e < d1; ++e) {  // expander entries: x replaces min_c
+          const int c = S.mask[t * d1 + e];
+          axpy_group<G>(S.qs + c * Gp, h2f(ks[x * d1 + e]) - S.kmin[c], s);
         }
       } else {
-        const std::uint8_t* row = b.k_codes + static_cast<std::int64_t>(info) * b.row_bytes;
-        for (int j = 0; j < kMaxGroup; ++j) s[j] = j < G ? S.bias[j] : 0.0f;
-        const auto add = [&](int c, unsigned code) {
-          const float x = static_cast<float>(code);
+        const int r = x - Q;
+        t = S.kt[r];
 #pragma unroll
-          for (int j = 0; j < kMaxGroup; ++j)
-            if (j < G) s[j] += S.qd[j * d + c] * x;
-        };
-        if (b.row_bytes % 4 == 0) {  // whole 32-bit words (rows start 4-byte aligned)
-          CodeReader r(row, b.bits);
-          for (int c = 0; c < d; ++c) add(c, r.next());
-        } else {
-          for (int c = 0; c < d; ++c) add(c, packed_code(row, c, b.bits));
-        }
-        for (int e = 0; e < d1; ++e) {  // expander entries: x replaces min_c
-          const int c = b.mask_indices[t * d1 + e];
-          const float x = half_to_float(b.k_sparse[static_cast<std::int64_t>(info) * d1 + e]) - S.kmin[c];
-#pragma unroll
-          for (int j = 0; j < kMaxGroup; ++j)
-            if (j < G) s[j] += S.qs[j * d + c] * x;
-        }
+        for (int j = 0; j < G; ++j) s[j] = 0.0f;
+        score_halves<G>(kk + static_cast<std::int64_t>(r) * kk_stride, d, S.qs, s);
       }
+#pragma unroll
       for (int j = 0; j < G; ++j) S.p[j * nb + t] = s[j];
       if (observe && is_res)
+#pragma unroll
         for (int j = 0; j < G; ++j) A.res_scores[(static_cast<std::int64_t>(i) * QH + h * G + j) * nb + t] = s[j];
     }
     __syncthreads();
-    // Online softmax: the running max, rescaling of what came before.
+    // 3. The value side into shared memory, the running maximum meanwhile.
+    if (!is_res) {
+      stage_rows(S.stage + lay.kept, lay.kept_stride, reinterpret_cast<const std::uint8_t*>(b.v_kept), K, 2 * d, tid,
+                 nt);
+      if (coded) {
+        stage_rows(S.stage + lay.codes, lay.code_stride, b.v_codes, Q, b.row_bytes, tid, nt);
+        stage_rows(S.stage + lay.params, 0, reinterpret_cast<const std::uint8_t*>(b.v_params), 1, 4 * Q, tid, nt);
+        stage_rows(S.stage + lay.sparse, 0, reinterpret_cast<const std::uint8_t*>(b.v_sparse), 1, 2 * Q * d1, tid, nt);
+      }
+    }
     for (int j = warp; j < G; j += warps) {
       float mx = -INFINITY;
       for (int t = lane; t < n; t += 32) mx = fmaxf(mx, S.p[j * nb + t]);
@@ -183,6 +426,7 @@ __global__ void __launch_bounds__(kDecodeThreads)
         S.m[j] = nm;
       }
     }
+    copy_wait();
     __syncthreads();
     for (int x = tid; x < G * n; x += nt) {
       const int j = x / n, t = x % n;
@@ -190,43 +434,71 @@ __global__ void __launch_bounds__(kDecodeThreads)
     }
     for (int x = tid; x < G * d; x += nt) S.acc[x] *= S.alpha[x / d];
     __syncthreads();
+    // Weights per row: w = p delta for quantized rows (their sum of p min
+    // added to every channel once), p for kept rows.
+    const auto* vpar = reinterpret_cast<const QuantParams*>(S.stage + lay.params);
     for (int j = warp; j < G; j += warps) {
-      float s = 0.0f;
+      float s = 0.0f, sm = 0.0f;
       for (int t = lane; t < n; t += 32) s += S.p[j * nb + t];
+      for (int x = lane; x < Q && coded; x += 32) sm += S.p[j * nb + S.qt[x]] * h2f(vpar[x].min);
       s = warp_sum(s);
-      if (lane == 0) S.l[j] = S.l[j] * S.alpha[j] + s;
+      sm = warp_sum(sm);
+      if (lane == 0) {
+        S.l[j] = S.l[j] * S.alpha[j] + s;
+        S.vbias[j] = sm;
+      }
     }
-    // Values: one thread per channel, nt / d token lanes.
+    for (int x = tid; x < n * Gp; x += nt) {
+      const int row = x / Gp, j = x % Gp;
+      if (row < Q) {
+        S.wq[x] = j < G ? S.p[j * nb + S.qt[row]] * h2f(vpar[row].delta) : 0.0f;
+      } else {
+        const int r = row - Q;
+        S.pk[r * Gp + j] = j < G ? S.p[j * nb + S.kt[r]] : 0.0f;
+      }
+    }
+    __syncthreads();
+    // 4. Values: one thread per channel, nt / d row lanes.
     const int lanes = nt / d, lt = tid / d, c = tid % d;
     if (lt < lanes) {
-      float a[kMaxGroup];
-      for (int j = 0; j < kMaxGroup; ++j) a[j] = 0.0f;
-      for (int t = lt; t < n; t += lanes) {
-        const int info = S.tok[t];
-        float x;
-        if (info < 0) {
-          x = half_to_float(b.v_kept[static_cast<std::int64_t>(-info - 1) * d + c]);
-        } else {
-          const QuantParams vp = b.v_params[info];
-          x = half_to_float(vp.min) +
-              static_cast<float>(packed_code(b.v_codes + static_cast<std::int64_t>(info) * b.row_bytes, c, b.bits)) *
-                  half_to_float(vp.delta);
-        }
+      float a[G];
 #pragma unroll
-        for (int j = 0; j < kMaxGroup; ++j)
-          if (j < G) a[j] += S.p[j * nb + t] * x;
+      for (int j = 0; j < G; ++j) a[j] = lt == 0 && coded ? S.vbias[j] : 0.0f;
+      if (coded) {
+        const int bit = c * bits, byte = bit >> 3, sh = bit & 7;
+        const bool two = sh + bits > 8;
+        const unsigned mask = (1u << bits) - 1u;
+        const auto* base = reinterpret_cast<const std::uint8_t*>(S.stage + lay.codes) + byte;
+        const int stride = 4 * lay.code_stride;
+        for (int x = lt; x < Q; x += lanes) {
+          const std::uint8_t* p8 = base + x * stride;
+          unsigned word = p8[0];
+          if (two) word |= static_cast<unsigned>(p8[1]) << 8;
+          axpy_group<G>(S.wq + x * Gp, code_float((word >> sh) & mask), a);
+        }
       }
-      for (int j = 0; j < G; ++j) atomicAdd(&S.acc[j * d + c], a[j]);
+      const half_bits* vrows = is_res ? b.v_kept : reinterpret_cast<const half_bits*>(S.stage + lay.kept);
+      const int vstride = is_res ? d : 2 * lay.kept_stride;
+      for (int r = lt; r < K; r += lanes)
+        axpy_group<G>(S.pk + r * Gp, h2f(vrows[static_cast<std::int64_t>(r) * vstride + c]), a);
+      if (d1 > 0 && coded) {  // expander entries of channel c: the true value replaces min
+        const auto* vs = reinterpret_cast<const half_bits*>(S.stage + lay.sparse);
+        for (int x = S.col_ptr[c] + lt; x < S.col_ptr[c + 1]; x += lanes) {
+          const int t = S.col[x] >> 8, e = S.col[x] & 0xff, row = t < n ? S.tq[t] : -1;
+          if (row < 0) continue;
+          const float corr = h2f(vs[row * d1 + e]) - h2f(vpar[row].min);
+#pragma unroll
+          for (int j = 0; j < G; ++j) a[j] = fmaf(S.p[j * nb + t], corr, a[j]);
+        }
+      }
+      if (lanes == 1) {
+#pragma unroll
+        for (int j = 0; j < G; ++j) S.acc[j * d + c] += a[j];
+      } else {
+#pragma unroll
+        for (int j = 0; j < G; ++j) atomicAdd(&S.acc[j * d + c], a[j]);
+      }
     }
-    if (d1 > 0)
-      for (int x = tid; x < n * d1; x += nt) {
-        const int t = x / d1, e = x % d1, info = S.tok[t];
-        if (info < 0) continue;
-        const int ch = b.mask_indices[t * d1 + e];
-        const float corr =
-            half_to_float(b.v_sparse[static_cast<std::int64_t>(info) * d1 + e]) - half_to_float(b.v_params[info].min);
-        for (int j = 0; j < G; ++j) atomicAdd(&S.acc[j * d + ch], S.p[j * nb + t] * corr);
-      }
     __syncthreads();
   }
   const std::int64_t slot = A.split_indptr[i] + item.split;
@@ -234,6 +506,37 @@ __global__ void __launch_bounds__(kDecodeThreads)
   if (tid < G) {
     A.part_max[slot * QH + h * G + tid] = S.m[tid];
     A.part_sum[slot * QH + h * G + tid] = S.l[tid];
+  }
+}
+
+// Calls f(std::integral_constant<int, G>{}) for a group size G in [1, kMaxGroup].
+template <class F>
+inline void with_group(int group, F&& f) {
+  switch (group) {
+    case 1:
+      f(std::integral_constant<int, 1>{});
+      break;
+    case 2:
+      f(std::integral_constant<int, 2>{});
+      break;
+    case 3:
+      f(std::integral_constant<int, 3>{});
+      break;
+    case 4:
+      f(std::integral_constant<int, 4>{});
+      break;
+    case 5:
+      f(std::integral_constant<int, 5>{});
+      break;
+    case 6:
+      f(std::integral_constant<int, 6>{});
+      break;
+    case 7:
+      f(std::integral_constant<int, 7>{});
+      break;
+    default:
+      f(std::integral_constant<int, 8>{});
+      break;
   }
 }
 
