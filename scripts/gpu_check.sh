@@ -12,6 +12,13 @@
 #   scripts/gpu_check.sh bench [OUT_DIR]  # GPU machine: build, benchmarks (bench_hex_cuda, torch SDPA)
 #   scripts/gpu_check.sh run [OUT_DIR]    # test, then bench (results into OUT_DIR, default out/gpu/results)
 #   scripts/gpu_check.sh build            # the build step alone (any machine with nvcc)
+#   scripts/gpu_check.sh pack             # with nvcc, no GPU needed: build, then the binaries
+#                                         # and the libraries they need into out/gpu/bin
+#   scripts/gpu_check.sh device [OUT_DIR] # GPU machine, out/gpu/bin carried there: tests,
+#                                         # compute-sanitizer, benchmarks; no build, each
+#                                         # step under a time limit (STEP_LIMIT seconds,
+#                                         # default 150; half that for sdpa, sanitizers, ncu;
+#                                         # NCU_FILTER: a benchmark whose decode ncu profiles)
 # Every step runs even when an earlier one fails; the exit status is 1 if any
 # failed. Environment: CUDA_ARCH (default 90), SANITIZE_FILTER (the tests run
 # under compute-sanitizer; default the small shapes), BENCH_FILTER.
@@ -38,6 +45,21 @@ build() {
   cmake --build "$tree" -j "$(nproc)"
 }
 
+bin=out/gpu/bin
+pack() {
+  build
+  rm -rf "$bin"
+  mkdir -p "$bin"
+  cp "$tree"/kvcal_cuda_tests "$tree"/bench_hex_cuda "$bin"/
+  # Every library they load but the C and C++ runtimes (the GPU machine's are
+  # as new or newer) and the driver's.
+  ldd "$bin"/kvcal_cuda_tests "$bin"/bench_hex_cuda | awk '/=> \//{print $3}' | sort -u |
+    grep -Ev '/(libc|libm|libpthread|libdl|librt|ld-linux[^/]*|libcuda|libstdc\+\+|libgcc_s)\.so' |
+    xargs -r cp -L -t "$bin"/
+  du -sh "$bin"
+  ls "$bin"
+}
+
 status=0
 step() {  # runs "$@", records a failure, carries on
   echo "== $*"
@@ -52,8 +74,9 @@ prepare() {
   (nvidia-smi --query-gpu=name,memory.total,clocks.max.memory --format=csv || true) | tee "$out/gpu.txt"
 }
 
+limit=()  # device mode: a time limit on each step
 tests_must_run() {  # the GPU tests, which must run (not skip) here
-  "$tree"/kvcal_cuda_tests 2>&1 | tee "$out/tests.txt"
+  "${limit[@]}" "$tree"/kvcal_cuda_tests --gtest_output=xml:"$out/tests.xml" 2>&1 | tee "$out/tests.txt"
   local rc=${PIPESTATUS[0]}
   if grep -q '\[  SKIPPED \]' "$out/tests.txt"; then echo "error: GPU tests skipped on a GPU machine" >&2; return 1; fi
   return "$rc"
@@ -61,7 +84,7 @@ tests_must_run() {  # the GPU tests, which must run (not skip) here
 
 sanitize() {  # tool
   local filter=${SANITIZE_FILTER:-'*Small*:HeteroCuda.Drift*:HeteroCuda.Gather*:ChessCuda.Batch*'}
-  compute-sanitizer --tool "$1" --error-exitcode 1 "$tree"/kvcal_cuda_tests --gtest_filter="$filter" \
+  "${limit[@]}" compute-sanitizer --tool "$1" --error-exitcode 1 "$tree"/kvcal_cuda_tests --gtest_filter="$filter" \
     >"$out/$1.txt" 2>&1
   local rc=$?
   tail -5 "$out/$1.txt"
@@ -85,12 +108,39 @@ bench_all() {
   step python3 scripts/bench_sdpa.py --out "$out/bench_sdpa.json"
 }
 
+device_all() {  # the prebuilt binaries of 'pack'
+  out=${1:-out/gpu/results}
+  mkdir -p "$out"
+  local own=${LD_LIBRARY_PATH:-}  # for torch, which brings its own libraries
+  export LD_LIBRARY_PATH=$PWD/$bin${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+  command -v compute-sanitizer >/dev/null || export PATH=/usr/local/cuda/bin:$PATH
+  (nvidia-smi --query-gpu=name,memory.total,clocks.max.memory --format=csv || true) | tee "$out/gpu.txt"
+  tree=$bin
+  local s=${STEP_LIMIT:-150}
+  limit=(timeout -k 5 "$s")
+  step tests_must_run
+  step "${limit[@]}" "$tree"/bench_hex_cuda --benchmark_filter="${BENCH_FILTER:-.}" \
+    --benchmark_out="$out/bench_hex_cuda.json" --benchmark_out_format=json
+  limit=(timeout -k 5 $((s / 2)))
+  step "${limit[@]}" env LD_LIBRARY_PATH="$own" python3 scripts/bench_sdpa.py --out "$out/bench_sdpa.json"
+  step sanitize memcheck
+  step sanitize racecheck
+  if [[ -n ${NCU_FILTER:-} ]]; then  # one decode launch under Nsight Compute (speed of light, occupancy)
+    command -v ncu >/dev/null || export PATH=/opt/nvidia/nsight-compute/2025.3.1:$PATH
+    step "${limit[@]}" ncu --kernel-name regex:hex_decode_kernel --launch-skip 2 --launch-count 1 \
+      --section SpeedOfLight --section Occupancy --section MemoryWorkloadAnalysis --section WarpStateStats \
+      "$tree"/bench_hex_cuda --benchmark_filter="$NCU_FILTER" --benchmark_min_time=0.01
+  fi
+}
+
 case "${1:-}" in
   fetch) fetch ;;
   build) build ;;
+  pack) pack ;;
+  device) device_all "${2:-}" ;;
   test) test_all "${2:-}" ;;
   bench) bench_all "${2:-}" ;;
   run) test_all "${2:-}"; bench_all "${2:-}" ;;
-  *) sed -n '2,19p' "$0" >&2; exit 2 ;;
+  *) sed -n '2,24p' "$0" >&2; exit 2 ;;
 esac
 exit $status
