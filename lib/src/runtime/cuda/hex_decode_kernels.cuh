@@ -509,35 +509,14 @@ __global__ void __launch_bounds__(kDecodeThreads, kDecodeBlocksPerSm)
   }
 }
 
-// Calls f(std::integral_constant<int, G>{}) for a group size G in [1, kMaxGroup].
-template <class F>
+// Calls f(std::integral_constant<int, group>{}) for a group size in [1, kMaxGroup]
+// (above: kMaxGroup).
+template <int G = 1, class F>
 inline void with_group(int group, F&& f) {
-  switch (group) {
-    case 1:
-      f(std::integral_constant<int, 1>{});
-      break;
-    case 2:
-      f(std::integral_constant<int, 2>{});
-      break;
-    case 3:
-      f(std::integral_constant<int, 3>{});
-      break;
-    case 4:
-      f(std::integral_constant<int, 4>{});
-      break;
-    case 5:
-      f(std::integral_constant<int, 5>{});
-      break;
-    case 6:
-      f(std::integral_constant<int, 6>{});
-      break;
-    case 7:
-      f(std::integral_constant<int, 7>{});
-      break;
-    default:
-      f(std::integral_constant<int, 8>{});
-      break;
+  if constexpr (G < kMaxGroup) {
+    if (group > G) return with_group<G + 1>(group, static_cast<F&&>(f));
   }
+  f(std::integral_constant<int, G>{});
 }
 
 __global__ void __launch_bounds__(kDecodeThreads)
