@@ -211,7 +211,8 @@ class KVCAL_RUNTIME_API HexPagedCache {
 
   // Splits decode of `requests` (one query token each) into work items of at
   // most `blocks_per_item` blocks (>= 1; 0 picks one from target_items, the
-  // number of items that fill the device, e.g. 4 x SMs).
+  // number of items to aim for: for the CUDA decode, 16 x SMs gives a few
+  // waves of the 6 thread blocks an SM holds, so the last wave's tail is short).
   HexDecodePlan plan_decode(const std::vector<std::int32_t>& requests, std::int32_t blocks_per_item = 0,
                             std::int32_t target_items = 528) const;
   // The same over a subset of each request's blocks: block_counts[i] blocks
