@@ -172,33 +172,6 @@ __device__ inline void stage_rows(std::uint32_t* dst, int stride, const std::uin
   }
 }
 
-// s[j] += sum over channels [c0, c0 + 32) of v[c][j] * code_c, the 32 codes
-// in B consecutive words (B bits each, little-endian).
-template <int G, int B>
-__device__ inline void dot32(const std::uint32_t* words, const float* v, float* s) {
-  constexpr int Gp = kPadded<G>;
-  std::uint32_t w[B];
-#pragma unroll
-  for (int k = 0; k < B; ++k) w[k] = words[k];
-#pragma unroll
-  for (int i = 0; i < 32; ++i) {
-    constexpr unsigned mask = (1u << B) - 1u;
-    const int bit = i * B, wi = bit / 32, sh = bit % 32;
-    unsigned c = w[wi] >> sh;
-    if (sh + B > 32) c |= w[wi + 1] << (32 - sh);
-    const float x = code_float(c & mask);
-    const float4* q4 = reinterpret_cast<const float4*>(v + i * Gp);
-#pragma unroll
-    for (int k = 0; k < Gp / 4; ++k) {
-      const float4 q = q4[k];
-      if (4 * k + 0 < G) s[4 * k + 0] = fmaf(q.x, x, s[4 * k + 0]);
-      if (4 * k + 1 < G) s[4 * k + 1] = fmaf(q.y, x, s[4 * k + 1]);
-      if (4 * k + 2 < G) s[4 * k + 2] = fmaf(q.z, x, s[4 * k + 2]);
-      if (4 * k + 3 < G) s[4 * k + 3] = fmaf(q.w, x, s[4 * k + 3]);
-    }
-  }
-}
-
 // s[j] += sum_c v[c][j] * x_c over the channels of one row.
 template <int G>
 __device__ inline void axpy_group(const float* v, float x, float* s) {
@@ -214,8 +187,26 @@ __device__ inline void axpy_group(const float* v, float x, float* s) {
   }
 }
 
+// s[j] += sum over channels [c0, c0 + 32) of v[c][j] * code_c, the 32 codes
+// in B consecutive words (B bits each, little-endian).
+template <int G, int B>
+__device__ inline void dot32(const std::uint32_t* words, const float* v, float* s) {
+  constexpr int Gp = kPadded<G>;
+  std::uint32_t w[B];
+#pragma unroll
+  for (int k = 0; k < B; ++k) w[k] = words[k];
+#pragma unroll
+  for (int i = 0; i < 32; ++i) {
+    constexpr unsigned mask = (1u << B) - 1u;
+    const int bit = i * B, wi = bit / 32, sh = bit % 32;
+    unsigned c = w[wi] >> sh;
+    if (sh + B > 32) c |= w[wi + 1] << (32 - sh);
+    axpy_group<G>(v + i * Gp, code_float(c & mask), s);
+  }
+}
+
 // The score of a quantized row against the group: codes (staged words) times
-// q * delta, in whole chunks of 32 channels where the row allows.
+// q * delta, in chunks of 32 channels, then one code at a time.
 template <int G>
 __device__ inline void score_codes(const std::uint32_t* row, int bits, int d, const float* qd, float* s) {
   constexpr int Gp = kPadded<G>;
