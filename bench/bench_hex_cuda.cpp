@@ -14,10 +14,13 @@
 // BM_compress: a step in which every request's block fills; amortised = its
 // time / 96 steps, beside the decode step of the same shape.
 //
-// BM_chess_select: CHESS selection of a batch at the 8B shape (32 layers x 8
-// KV heads x 128 = D 32768, pages of 32, "moderate"), its summaries filled
-// first; compare with 32 x BM_decode/bits:0 of the same context and batch
-// (one fp16 decode step of the model). BM_drift_step: 64 pivot rows (32
+// BM_chess_select: a whole CHESS selection of a batch at the 8B shape (32
+// layers x 8 KV heads x 128 = D 32768, pages of 32, "moderate"), its
+// summaries filled first (a step at which every request completes a page);
+// BM_chess_steps: chess_select per step of a decode loop (one whole
+// selection per page of steps, kept ones between) and append_us, the
+// step's 32 chess_append calls; compare either with 32 x BM_decode/bits:0
+// of the same context and batch (one fp16 decode step of the model). BM_drift_step: 64 pivot rows (32
 // layers x 2 pivots) at the context. BM_gather: satellites' rows from mapped
 // pinned host memory, bytes/s beside BM_h2d_copy (cudaMemcpy from pinned
 // memory: the link's measured peak).
@@ -360,45 +363,127 @@ void BM_compress(benchmark::State& state) {
   }
 }
 
-void BM_chess_select(benchmark::State& state) {
-  KVCAL_NEED_GPU(state);
-  const std::int32_t context = static_cast<std::int32_t>(state.range(0) * 1024),
-                     batch = static_cast<std::int32_t>(state.range(1));
-  const std::int32_t D = 32 * kHeads * kDim, B = 32;
-  try {
-    rt::ChessOptions o = rt::chess_preset("moderate");
-    o.page_size = B;
-    const std::size_t bytes = kc::chess_batch_bytes(batch, D, context / B, o);
-    DeviceBuffer mem(bytes);
+// The CHESS store of BM_chess_select and BM_chess_steps: `batch` requests at
+// the 8B shape (D = 32 layers x 8 x 128), pages of 32, "moderate", each
+// filled with `context` tokens (one chess_append per layer for every 1024
+// tokens), the same keys standing for every layer; room for kSteps more
+// tokens.
+struct ChessBench {
+  static constexpr std::int32_t kLayers = 32, kWidth = kHeads * kDim, D = kLayers * kWidth, B = 32, kChunk = 1024;
+  static constexpr std::int32_t kPagesOfSteps = 64, kSteps = kPagesOfSteps * B;
+  std::int32_t context, batch, max_pages;
+  rt::ChessOptions o;
+  std::size_t bytes;
+  DeviceBuffer mem, keys, ip, before, tokens, t_ip, t_idx, t_last;
+  kc::ChessDeviceBatch b;
+  kc::ChessPageTable t;
+  std::vector<std::int32_t> count;  // tokens per request, as on the device
+
+  static rt::ChessOptions options() {
+    rt::ChessOptions opt = rt::chess_preset("moderate");
+    opt.page_size = B;
+    return opt;
+  }
+  ChessBench(std::int32_t ctx, std::int32_t n)
+      : context(ctx),
+        batch(n),
+        max_pages((ctx + kSteps) / B),
+        o(options()),
+        bytes(kc::chess_batch_bytes(n, D, max_pages, o)),
+        mem(bytes),
+        keys(static_cast<std::size_t>(n) * kChunk * kWidth * 2),
+        ip((n + 1) * 4),
+        before(n * 4),
+        tokens(n * 4),
+        t_ip((n + 1) * 4),
+        t_idx(static_cast<std::size_t>(n) * (max_pages + 1) * 4),
+        t_last(n * 4),
+        count(static_cast<std::size_t>(n), 0) {
     ok(cudaMemset(mem.p, 0, bytes), "memset");
-    const kc::ChessDeviceBatch b = kc::chess_batch(mem.p, bytes, batch, D, context / B, o);
-    // Fill: every request's context in chunks of 1024 tokens, one layer slice per call.
-    const std::int32_t chunk = 1024;
-    DeviceBuffer keys(static_cast<std::size_t>(batch) * chunk * kHeads * kDim * 2);
-    std::vector<rt::half_bits> kh(static_cast<std::size_t>(batch) * chunk * kHeads * kDim);
+    b = kc::chess_batch(mem.p, bytes, batch, D, max_pages, o);
+    t = kc::ChessPageTable{static_cast<std::int32_t*>(t_ip.p), static_cast<std::int32_t*>(t_idx.p),
+                           static_cast<std::int32_t*>(t_last.p)};
+    std::vector<rt::half_bits> kh(static_cast<std::size_t>(batch) * kChunk * kWidth);
     std::mt19937_64 rng(4);
     std::normal_distribution<float> nd(0.0f, 1.0f);
     for (auto& h : kh) h = rt::float_to_half(nd(rng));
     ok(cudaMemcpy(keys.p, kh.data(), kh.size() * 2, cudaMemcpyHostToDevice), "keys");
-    DeviceBuffer ip((batch + 1) * 4), before(batch * 4), tokens(batch * 4);
-    std::vector<std::int32_t> indptr(batch + 1), bef(batch);
-    for (int r = 0; r <= batch; ++r) indptr[r] = r * chunk;
-    ok(cudaMemcpy(ip.p, indptr.data(), indptr.size() * 4, cudaMemcpyHostToDevice), "indptr");
-    for (std::int32_t done = 0; done < context; done += chunk) {
-      std::fill(bef.begin(), bef.end(), done);
-      ok(cudaMemcpy(before.p, bef.data(), bef.size() * 4, cudaMemcpyHostToDevice), "before");
-      for (int l = 0; l < 32; ++l)  // the same keys stand for every layer
-        kc::chess_append(b, static_cast<const rt::half_bits*>(keys.p), kHeads * kDim, l * kHeads * kDim, kHeads * kDim,
-                         static_cast<const std::int32_t*>(ip.p), static_cast<const std::int32_t*>(before.p), nullptr);
+    for (std::int32_t done = 0; done < context; done += kChunk) {
+      upload(kChunk);
+      append(kChunk);
     }
-    std::fill(bef.begin(), bef.end(), context);
-    ok(cudaMemcpy(tokens.p, bef.data(), bef.size() * 4, cudaMemcpyHostToDevice), "tokens");
-    DeviceBuffer t_ip((batch + 1) * 4), t_idx(static_cast<std::size_t>(batch) * (context / B + 1) * 4),
-        t_last(batch * 4);
-    const kc::ChessPageTable t{static_cast<std::int32_t*>(t_ip.p), static_cast<std::int32_t*>(t_idx.p),
-                               static_cast<std::int32_t*>(t_last.p)};
-    timed(state, [&] { kc::chess_select(b, static_cast<const std::int32_t*>(tokens.p), t, nullptr); });
-    state.counters["summary_MB"] = static_cast<double>(bytes) / 1e6;
+    upload(0);
+  }
+  // token_indptr for n new tokens per request (rows of `keys`), tokens_before
+  // and the token counts after them.
+  void upload(std::int32_t n) {
+    std::vector<std::int32_t> indptr(static_cast<std::size_t>(batch) + 1), after(count);
+    for (int r = 0; r <= batch; ++r) indptr[static_cast<std::size_t>(r)] = r * n;
+    for (auto& a : after) a += n;
+    ok(cudaMemcpy(ip.p, indptr.data(), indptr.size() * 4, cudaMemcpyHostToDevice), "indptr");
+    ok(cudaMemcpy(before.p, count.data(), count.size() * 4, cudaMemcpyHostToDevice), "before");
+    ok(cudaMemcpy(tokens.p, after.data(), after.size() * 4, cudaMemcpyHostToDevice), "tokens");
+  }
+  // The n uploaded tokens appended, one call per layer.
+  void append(std::int32_t n) {
+    for (int l = 0; l < kLayers; ++l)
+      kc::chess_append(b, static_cast<const rt::half_bits*>(keys.p), kWidth, l * kWidth, kWidth,
+                       static_cast<const std::int32_t*>(ip.p), static_cast<const std::int32_t*>(before.p), nullptr);
+    for (auto& c : count) c += n;
+  }
+  void select() { kc::chess_select(b, static_cast<const std::int32_t*>(tokens.p), t, nullptr); }
+};
+
+// A whole selection: the kept selections forgotten before every iteration,
+// as at a step where every request has just completed a page.
+void BM_chess_select(benchmark::State& state) {
+  KVCAL_NEED_GPU(state);
+  try {
+    ChessBench c(static_cast<std::int32_t>(state.range(0) * 1024), static_cast<std::int32_t>(state.range(1)));
+    timed(
+        state, [&] { c.select(); }, [&] { kc::chess_invalidate(c.b, nullptr); });
+    state.counters["summary_MB"] = static_cast<double>(c.bytes) / 1e6;
+  } catch (const std::exception& e) {
+    state.SkipWithError(e.what());
+  }
+}
+
+// The selection per decode step of a decode loop: an iteration is a page of
+// steps (32), every request one token further per step, all in step (the
+// page completes for all of them at the same step: one whole selection and
+// 31 kept ones per iteration). Time: chess_select per step, the mean over
+// the page; append_us: the step's chess_append calls (one token, one call
+// per layer), timed apart.
+void BM_chess_steps(benchmark::State& state) {
+  KVCAL_NEED_GPU(state);
+  try {
+    ChessBench c(static_cast<std::int32_t>(state.range(0) * 1024), static_cast<std::int32_t>(state.range(1)));
+    cudaEvent_t e[4];
+    for (auto& x : e) ok(cudaEventCreate(&x), "event");
+    double append_s = 0;
+    std::int64_t steps = 0;
+    c.select();
+    for (auto _ : state) {
+      double page = 0;
+      for (std::int32_t s = 0; s < ChessBench::B; ++s) {
+        c.upload(1);
+        ok(cudaEventRecord(e[0]), "event");
+        c.append(1);
+        ok(cudaEventRecord(e[1]), "event");
+        c.select();
+        ok(cudaEventRecord(e[2]), "event");
+        ok(cudaEventSynchronize(e[2]), "step");
+        float a_ms = 0, s_ms = 0;
+        cudaEventElapsedTime(&a_ms, e[0], e[1]);
+        cudaEventElapsedTime(&s_ms, e[1], e[2]);
+        append_s += a_ms * 1e-3;
+        page += s_ms * 1e-3;
+        ++steps;
+      }
+      state.SetIterationTime(page / ChessBench::B);
+    }
+    for (auto& x : e) cudaEventDestroy(x);
+    state.counters["append_us"] = steps > 0 ? append_s / static_cast<double>(steps) * 1e6 : 0.0;
   } catch (const std::exception& e) {
     state.SkipWithError(e.what());
   }
@@ -525,6 +610,12 @@ BENCHMARK(BM_chess_hex_decode)
 BENCHMARK(BM_chess_select)
     ->ArgNames({"ctxK", "batch"})
     ->ArgsProduct({{32, 128}, {1, 16}})
+    ->UseManualTime()
+    ->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_chess_steps)
+    ->ArgNames({"ctxK", "batch"})
+    ->ArgsProduct({{32, 128}, {1, 16}})
+    ->Iterations(ChessBench::kPagesOfSteps)
     ->UseManualTime()
     ->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_drift_step)->ArgNames({"ctxK"})->Arg(32)->Arg(128)->UseManualTime()->Unit(benchmark::kMicrosecond);

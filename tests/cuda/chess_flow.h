@@ -199,6 +199,132 @@ void real_keys(Backend& be) {
   }
 }
 
+// The kept selection (chess_cuda.h): reused while a request's complete pages
+// stay as they are, recomputed after chess_invalidate. The store's page
+// vectors are overwritten behind chess_append's back (zeros), so that a
+// reused selection and a recomputed one tell themselves apart: the first is
+// still ChessIndex's, the second selects every page (all scores 0, so every
+// level's threshold is 0 and every active unit passes it).
+template <class Backend>
+void kept(Backend& be) {
+  ChessOptions o = chess_preset("moderate");
+  o.page_size = 4;
+  o.chunk_pages = 4;
+  o.grid_chunks = 2;
+  const std::int32_t D = 16, R = 2, max_pages = 40;
+  const std::vector<std::int32_t> lengths = {130, 61};  // 32 pages + 2, 15 pages + 1
+  const std::size_t bytes = kc::chess_batch_bytes(R, D, max_pages, o);
+  auto mem = be.alloc(bytes);
+  const kc::ChessDeviceBatch b = kc::chess_batch(mem.p, bytes, R, D, max_pages, o);
+  std::mt19937_64 rng(5);
+  std::uniform_int_distribution<int> val(-5, 5);
+  std::vector<std::int32_t> indptr{0};
+  for (const std::int32_t n : lengths) indptr.push_back(indptr.back() + n);
+  std::vector<half_bits> keys(static_cast<std::size_t>(indptr.back()) * D);
+  std::vector<float> fkeys(keys.size());
+  for (std::size_t i = 0; i < keys.size(); ++i) {
+    fkeys[i] = static_cast<float>(36 * val(rng));
+    keys[i] = float_to_half(fkeys[i]);
+  }
+  std::vector<ChessIndex> ref;
+  for (int r = 0; r < R; ++r) {
+    ref.emplace_back(D, o);
+    ref.back().append(fkeys.data() + static_cast<std::size_t>(indptr[static_cast<std::size_t>(r)]) * D,
+                      lengths[static_cast<std::size_t>(r)], D);
+  }
+  auto keys_d = be.alloc(keys.size() * 2), ip = be.alloc((R + 1) * 4), before = be.alloc(R * 4), tok = be.alloc(R * 4),
+       t_ip = be.alloc((R + 1) * 4), t_idx = be.alloc(R * (max_pages + 1) * 4), t_last = be.alloc(R * 4);
+  const std::vector<std::int32_t> zeros(R, 0);
+  be.put(keys_d.p, keys.data(), keys.size() * 2);
+  be.put(ip.p, indptr.data(), indptr.size() * 4);
+  be.put(before.p, zeros.data(), R * 4);
+  be.chess_append(b, static_cast<const half_bits*>(keys_d.p), D, 0, D, static_cast<const std::int32_t*>(ip.p),
+                  static_cast<const std::int32_t*>(before.p));
+  const kc::ChessPageTable table{static_cast<std::int32_t*>(t_ip.p), static_cast<std::int32_t*>(t_idx.p),
+                                 static_cast<std::int32_t*>(t_last.p)};
+  const auto select = [&](const std::vector<std::int32_t>& tokens) {
+    be.put(tok.p, tokens.data(), R * 4);
+    be.chess_select(b, static_cast<const std::int32_t*>(tok.p), table);
+    PageTable got;
+    got.indptr.resize(R + 1);
+    got.last_page_len.resize(R);
+    be.get(got.indptr.data(), t_ip.p, got.indptr.size() * 4);
+    be.get(got.last_page_len.data(), t_last.p, got.last_page_len.size() * 4);
+    got.indices.resize(static_cast<std::size_t>(got.indptr.back()));
+    be.get(got.indices.data(), t_idx.p, got.indices.size() * 4);
+    return got;
+  };
+  std::vector<const ChessIndex*> reqs;
+  for (const auto& c : ref) reqs.push_back(&c);
+  const PageTable want = select_batch(reqs);
+  const PageTable first = select(lengths);
+  ASSERT_EQ(first.indptr, want.indptr);
+  ASSERT_EQ(first.indices, want.indices);
+  ASSERT_EQ(first.last_page_len, want.last_page_len);
+  // Every page vector zeroed without chess_append: the kept selections hold.
+  const std::vector<float> zero_pages(static_cast<std::size_t>(R) * b.max_pages * D, 0.0f);
+  be.put(b.pages, zero_pages.data(), zero_pages.size() * 4);
+  const PageTable again = select(lengths);
+  EXPECT_EQ(again.indices, want.indices);
+  // Without its partial page (tokens rounded down to whole pages, the same
+  // complete pages): the same selection less the partial page.
+  std::vector<std::int32_t> whole;
+  for (const std::int32_t n : lengths) whole.push_back(n - n % o.page_size);
+  const PageTable trimmed = select(whole);
+  for (int r = 0; r < R; ++r) {
+    const std::int32_t n0 = want.indptr[static_cast<std::size_t>(r)], n1 = want.indptr[static_cast<std::size_t>(r) + 1];
+    const std::vector<std::int32_t> w(want.indices.begin() + n0, want.indices.begin() + n1 - 1),
+        g(trimmed.indices.begin() + trimmed.indptr[static_cast<std::size_t>(r)],
+          trimmed.indices.begin() + trimmed.indptr[static_cast<std::size_t>(r) + 1]);
+    EXPECT_EQ(g, w) << "request " << r;
+    EXPECT_EQ(trimmed.last_page_len[static_cast<std::size_t>(r)], o.page_size);
+  }
+  // The slots reused for new sequences of the same lengths: summaries and
+  // sums zeroed (the kept selections left as they are), other keys appended;
+  // the pages they complete drop the kept selections.
+  const auto zero = [&](auto* p, std::size_t n) {
+    const std::vector<std::uint8_t> z(n * sizeof(*p), 0);
+    be.put(p, z.data(), z.size());
+  };
+  const auto R_ = static_cast<std::size_t>(R), D_ = static_cast<std::size_t>(D);
+  zero(b.pages, R_ * b.max_pages * D_);
+  zero(b.chunks, R_ * b.max_chunks * D_);
+  zero(b.grids, R_ * b.max_grids * D_);
+  zero(b.page_sum, R_ * D_);
+  zero(b.chunk_acc, R_ * D_);
+  zero(b.grid_acc, R_ * D_);
+  std::vector<ChessIndex> ref2;
+  for (std::size_t i = 0; i < keys.size(); ++i) {
+    fkeys[i] = static_cast<float>(36 * val(rng));
+    keys[i] = float_to_half(fkeys[i]);
+  }
+  for (int r = 0; r < R; ++r) {
+    ref2.emplace_back(D, o);
+    ref2.back().append(fkeys.data() + static_cast<std::size_t>(indptr[static_cast<std::size_t>(r)]) * D,
+                       lengths[static_cast<std::size_t>(r)], D);
+  }
+  be.put(keys_d.p, keys.data(), keys.size() * 2);
+  be.chess_append(b, static_cast<const half_bits*>(keys_d.p), D, 0, D, static_cast<const std::int32_t*>(ip.p),
+                  static_cast<const std::int32_t*>(before.p));
+  std::vector<const ChessIndex*> reqs2;
+  for (const auto& c : ref2) reqs2.push_back(&c);
+  const PageTable want2 = select_batch(reqs2);
+  ASSERT_NE(want2.indices, want.indices);  // the check below tells a kept selection from a new one
+  EXPECT_EQ(select(lengths).indices, want2.indices);
+  // Forgotten: recomputed from zeroed pages, every page selected; the CPU's
+  // selection is a strict subset of them.
+  zero(b.pages, R_ * b.max_pages * D_);
+  be.chess_invalidate(b);
+  const PageTable fresh = select(lengths);
+  std::vector<std::int32_t> all;
+  for (const std::int32_t n : lengths) {
+    for (std::int32_t p = 0; p < n / o.page_size; ++p) all.push_back(p);
+    if (n % o.page_size) all.push_back(n / o.page_size);
+  }
+  EXPECT_EQ(fresh.indices, all);
+  EXPECT_LT(want.indices.size(), all.size());
+}
+
 template <class Backend>
 void batch(Backend& be) {
   ChessOptions o = chess_preset("moderate");

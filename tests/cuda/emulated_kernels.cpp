@@ -69,6 +69,9 @@ struct Emulated {
     emu::launch(R, kk::kChessSelectThreads, 0, [&] { kk::chess_select_kernel(v, tokens); });
     emu::launch(R, kk::kChessThreads, 0, [&] { kk::chess_table_kernel(v, tokens, t); });
   }
+  void chess_invalidate(const kc::ChessDeviceBatch& b) {
+    std::memset(b.kept, 0, static_cast<std::size_t>(b.requests) * 3 * sizeof(std::int32_t));
+  }
   // HeteroCache kernels.
   void top_k(const kc::AttentionRows& rows, const std::int32_t* k, std::int32_t max_k, std::int32_t* out,
              std::int32_t* len) {
@@ -167,6 +170,11 @@ TEST(ChessCudaEmulated, HexDecodeOverTheSelectedBlocks) {
 TEST(ChessCudaEmulated, BatchSelectionMatchesSelectBatch) {
   Emulated emu;
   chess_flow::batch(emu);
+}
+
+TEST(ChessCudaEmulated, KeptSelectionIsReusedUntilAPageCompletes) {
+  Emulated emu;
+  chess_flow::kept(emu);
 }
 
 TEST(HeteroCudaEmulated, TopKMatchesTheCpuWithTiesAndAnyLength) {

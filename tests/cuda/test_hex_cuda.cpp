@@ -84,6 +84,10 @@ struct Gpu {
     kc::chess_select(b, tokens, t, nullptr);
     sync("chess_select");
   }
+  void chess_invalidate(const kc::ChessDeviceBatch& b) {
+    kc::chess_invalidate(b, nullptr);
+    sync("chess_invalidate");
+  }
   void top_k(const kc::AttentionRows& rows, const std::int32_t* k, std::int32_t max_k, std::int32_t* out,
              std::int32_t* len) {
     kc::top_k_rows(rows, k, max_k, out, len, nullptr);
@@ -165,6 +169,12 @@ TEST(ChessCuda, BatchSelectionMatchesSelectBatch) {
   SKIP_WITHOUT_GPU();
   Gpu gpu;
   chess_flow::batch(gpu);
+}
+
+TEST(ChessCuda, KeptSelectionIsReusedUntilAPageCompletes) {
+  SKIP_WITHOUT_GPU();
+  Gpu gpu;
+  chess_flow::kept(gpu);
 }
 
 TEST(HeteroCuda, TopKMatchesTheCpuWithTiesAndAnyLength) {

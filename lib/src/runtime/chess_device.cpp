@@ -27,7 +27,7 @@ void carve(detail::Carve& c, std::int32_t requests, std::int32_t dim, const Size
   at(c.take<float>(R * z.pages * D), c.take<float>(R * z.chunks * D), c.take<float>(R * z.grids * D),
      c.take<double>(R * D), c.take<double>(R * D), c.take<double>(R * D), c.take<float>(R * D),
      c.take<float>(R * (z.pages + z.chunks + z.grids)), c.take<std::int32_t>(R * (z.pages + 1)),
-     c.take<std::int32_t>(R), c.take<std::uint8_t>(R * (z.pages + z.chunks + z.grids)));
+     c.take<std::int32_t>(R), c.take<std::uint8_t>(R * (z.pages + z.chunks + z.grids)), c.take<std::int32_t>(R * 3));
 }
 
 void check(std::int32_t requests, std::int32_t dim, std::int32_t max_pages, const ChessOptions& o) {
@@ -70,7 +70,7 @@ ChessDeviceBatch chess_batch(void* memory, std::size_t bytes, std::int32_t reque
   detail::Carve c{static_cast<std::uint8_t*>(memory)};
   carve(c, requests, dim, z,
         [&](float* pages, float* chunks, float* grids, double* ps, double* ca, double* ga, float* anchor, float* scores,
-            std::int32_t* sel, std::int32_t* len, std::uint8_t* masks) {
+            std::int32_t* sel, std::int32_t* len, std::uint8_t* masks, std::int32_t* kept) {
           b.pages = pages;
           b.chunks = chunks;
           b.grids = grids;
@@ -82,6 +82,7 @@ ChessDeviceBatch chess_batch(void* memory, std::size_t bytes, std::int32_t reque
           b.selected = sel;
           b.selected_len = len;
           b.masks = masks;
+          b.kept = kept;
         });
   return b;
 }

@@ -20,6 +20,16 @@
 // are exact (integer-valued keys) and may differ only where two scores tie
 // within float rounding.
 //
+// A request's selection depends only on its complete pages (the anchor is
+// the mean of complete pages; every summary row changes only when a page
+// completes), so chess_select keeps each request's last selection on the
+// device and recomputes it only when its page count changed or chess_append
+// completed one of its pages since; otherwise it reuses it (adding or
+// dropping the partial page). In a decode loop that is one step in
+// page_size per request; the steps between cost a few launches that return
+// at once. chess_invalidate forgets every kept selection (after writing the
+// store by other means than chess_append).
+//
 // The re-selection trigger (ReselectionTrigger) stays on the host: a few
 // scalars per generated page decide when to call chess_select again.
 #pragma once
@@ -48,6 +58,10 @@ struct ChessDeviceBatch {
   std::int32_t* selected = nullptr;      // [requests][max_pages + 1]
   std::int32_t* selected_len = nullptr;  // [requests]
   std::uint8_t* masks = nullptr;         // [requests][max_grids + max_chunks + max_pages] scratch
+  // [requests][3]: whether the kept selection is valid (0 after chess_batch's
+  // zeroed memory, chess_append completing a page, chess_invalidate), the
+  // page count it was made for, and how many complete pages it holds.
+  std::int32_t* kept = nullptr;
 };
 
 // The largest page count a request may reach for one selection (the
@@ -85,5 +99,9 @@ struct ChessPageTable {
 };
 KVCAL_RUNTIME_API void chess_select(const ChessDeviceBatch& batch, const std::int32_t* tokens,
                                     const ChessPageTable& table, Stream stream);
+// Forgets every request's kept selection: the next chess_select recomputes
+// them all. Needed only after the store was written other than through
+// chess_append (a request's slot cleared for a new sequence, say).
+KVCAL_RUNTIME_API void chess_invalidate(const ChessDeviceBatch& batch, Stream stream);
 
 }  // namespace kvcal::runtime::cuda

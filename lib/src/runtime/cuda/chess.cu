@@ -43,4 +43,10 @@ void chess_select(const ChessDeviceBatch& b, const std::int32_t* tokens, const C
   detail::check_launch("chess_table_kernel");
 }
 
+void chess_invalidate(const ChessDeviceBatch& b, Stream stream) {
+  if (!b.kept || b.requests < 1) throw Error("chess_invalidate: the store is not laid out (chess_batch)");
+  detail::check(cudaMemsetAsync(b.kept, 0, static_cast<std::size_t>(b.requests) * 3 * sizeof(std::int32_t), stream),
+                "chess_invalidate");
+}
+
 }  // namespace kvcal::runtime::cuda

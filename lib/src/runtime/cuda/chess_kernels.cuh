@@ -2,7 +2,8 @@
 // CPU's arithmetic, the anchor, one dot product per summary row, the
 // hierarchical selection of one request per thread block (a bitonic sort of
 // each level's scores in shared memory for its quantile), and the
-// paged-attention table. Included by chess.cu and by the host emulation
+// paged-attention table. A request whose kept selection still holds (see
+// chess_kept) skips the anchor, the scores and the selection. Included by chess.cu and by the host emulation
 // (tests/cuda/emulated_kernels.cpp); see kernels_common.cuh.
 #pragma once
 
@@ -30,6 +31,13 @@ struct ChessView {
   }
 };
 
+// Whether request r's kept selection holds for P complete pages: made for P
+// pages and no page completed since (chess_append clears kept[0]).
+__device__ inline bool chess_kept(const ChessDeviceBatch& b, int r, int P) {
+  const std::int32_t* k = b.kept + 3 * static_cast<std::int64_t>(r);
+  return P > 0 && k[0] != 0 && k[1] == P;
+}
+
 // Grid (requests, ceil(width / threads)): each thread owns one dimension of
 // one request and runs ChessIndex's per-dimension updates over its new tokens.
 __global__ void __launch_bounds__(kChessThreads)
@@ -46,6 +54,7 @@ __global__ void __launch_bounds__(kChessThreads)
   for (int i = 0; i < n; ++i) {
     sum += static_cast<double>(half_to_float(keys[(first + i) * stride + x]));
     if (++tokens % B != 0) continue;
+    if (x == 0) b.kept[3 * static_cast<std::int64_t>(r)] = 0;  // a page completes: select again
     const int p = static_cast<int>(tokens / B) - 1;
     if (p >= b.max_pages) continue;  // beyond the store (the host sizes it)
     const float pv = static_cast<float>(sum * (1.0 / static_cast<double>(B)));
@@ -75,6 +84,7 @@ __global__ void __launch_bounds__(kChessThreads) chess_anchor_kernel(ChessView v
   const int r = blockIdx.x, j = blockIdx.y * blockDim.x + threadIdx.x;
   if (j >= b.dim) return;
   const int P = tokens[r] / b.page_size, partial = tokens[r] % b.page_size;
+  if (chess_kept(b, r, P)) return;
   double acc = 0.0;
   int count = 0;
   if (P > 0) {
@@ -95,7 +105,7 @@ __global__ void __launch_bounds__(kChessThreads) chess_score_kernel(ChessView v,
   const int q = blockIdx.y * (blockDim.x / 32) + threadIdx.x / 32;
   const int P = tokens[r] / b.page_size;
   const int C = (P + b.chunk_pages - 1) / b.chunk_pages, G = (C + b.grid_chunks - 1) / b.grid_chunks;
-  if (q >= G + C + P) return;  // whole warps leave together
+  if (q >= G + C + P || chess_kept(b, r, P)) return;  // whole warps leave together
   const float* row = q < G ? v.grid(r, q) : (q < G + C ? v.chunk(r, q - G) : v.page(r, q - G - C));
   const float* a = b.anchor + static_cast<std::int64_t>(r) * b.dim;
   float s = 0.0f;
@@ -160,8 +170,20 @@ __global__ void __launch_bounds__(kChessSelectThreads) chess_select_kernel(Chess
   const int P = tokens[r] / b.page_size, partial = tokens[r] % b.page_size;
   const int C = (P + b.chunk_pages - 1) / b.chunk_pages, G = (C + b.grid_chunks - 1) / b.grid_chunks;
   std::int32_t* out = b.selected + static_cast<std::int64_t>(r) * (b.max_pages + 1);
+  std::int32_t* kept = b.kept + 3 * static_cast<std::int64_t>(r);
   if (P > b.max_pages) {  // beyond the store: select nothing rather than read out of it
-    if (tid == 0) b.selected_len[r] = 0;
+    if (tid == 0) {
+      b.selected_len[r] = 0;
+      kept[0] = 0;
+    }
+    return;
+  }
+  if (chess_kept(b, r, P)) {  // the complete pages' selection holds; the partial page may have changed
+    if (tid == 0) {
+      int n = kept[2];
+      if (partial > 0) out[n++] = P;
+      b.selected_len[r] = n;
+    }
     return;
   }
   if (P > 0) {
@@ -199,6 +221,9 @@ __global__ void __launch_bounds__(kChessSelectThreads) chess_select_kernel(Chess
       __syncthreads();
     }
     if (tid == 0) {
+      kept[0] = 1;
+      kept[1] = P;
+      kept[2] = written;
       if (partial > 0) out[written++] = P;
       b.selected_len[r] = written;
     }
