@@ -83,7 +83,7 @@ tests_must_run() {  # the GPU tests, which must run (not skip) here
 }
 
 sanitize() {  # tool
-  local filter=${SANITIZE_FILTER:-'*Small*:HeteroCuda.Drift*:HeteroCuda.Gather*:ChessCuda.Batch*'}
+  local filter=${SANITIZE_FILTER:-'*Small*:HeteroCuda.Drift*:HeteroCuda.Gather*:ChessCuda.Batch*:ChessCuda.Kept*'}
   "${limit[@]}" compute-sanitizer --tool "$1" --error-exitcode 1 "$tree"/kvcal_cuda_tests --gtest_filter="$filter" \
     >"$out/$1.txt" 2>&1
   local rc=$?
