@@ -18,6 +18,7 @@
 #include <cmath>
 #include <cstdint>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "kvcal/runtime/hetero.h"
@@ -179,11 +180,13 @@ void drift(Backend& be) {
   EXPECT_EQ(drifts, 4);  // pivots 0 and 1 at the windows ending at steps 12 and 20
 }
 
+// One gather of three lists (37 rows, none, 17) of max_k rows of d halves,
+// host rows `stride` halves apart.
 template <class Backend>
-void gather(Backend& be) {
+void gather_shape(Backend& be, std::int32_t d, std::int64_t stride, std::int32_t max_k) {
+  SCOPED_TRACE("head_dim " + std::to_string(d) + " stride " + std::to_string(stride));
   std::mt19937_64 rng(2);
-  const std::int32_t d = 64, tokens = 500, lists = 3, max_k = 37;
-  const std::int64_t stride = 2 * d;  // host rows interleave something else
+  const std::int32_t tokens = 500, lists = 3;
   std::uniform_int_distribution<int> bits(0, 0x7bff);
   using HostBuffer = decltype(be.host_alloc(0));
   using Buffer = decltype(be.alloc(0));
@@ -205,7 +208,8 @@ void gather(Backend& be) {
     dkp.push_back(static_cast<half_bits*>(dk.back().p));
     dvp.push_back(static_cast<half_bits*>(dv.back().p));
   }
-  std::vector<std::int32_t> lens = {37, 0, 17}, tok(static_cast<std::size_t>(lists * max_k));
+  std::vector<std::int32_t> lens = {std::min(37, max_k), 0, std::min(17, max_k)},
+                            tok(static_cast<std::size_t>(lists * max_k));
   std::uniform_int_distribution<int> pick(0, tokens - 1);
   for (auto& t : tok) t = pick(rng);
   auto a_hk = be.alloc(lists * sizeof(void*)), a_hv = be.alloc(lists * sizeof(void*));
@@ -239,6 +243,16 @@ void gather(Backend& be) {
         ASSERT_EQ(gv[static_cast<std::size_t>(t * d + c)], hvp[static_cast<std::size_t>(i)][src]) << i << " " << t;
       }
   }
+}
+
+// Rows that move as 16-byte pieces (head_dim and stride multiples of 8:
+// within one block's loads, and over several rounds of them) and rows that
+// move a half at a time (head_dim 36, an odd stride).
+template <class Backend>
+void gather(Backend& be) {
+  gather_shape(be, 64, 128, 37);  // host rows interleave something else
+  gather_shape(be, 256, 256, 40);
+  gather_shape(be, 36, 37, 37);
 }
 
 }  // namespace kvcal::runtime::hetero_flow

@@ -191,23 +191,61 @@ __global__ void __launch_bounds__(kTopkThreads)
   if (threadIdx.x == 0) sats.len[i] = got;
 }
 
-constexpr int kGatherThreads = 128, kGatherRowsPerBlock = 16;
+constexpr int kGatherThreads = 128, kGatherRowsPerBlock = 32, kGatherLoads = 4;
 
-// Grid (lists, ceil(max_k / 16)): each block copies up to 16 rows of one list.
+__device__ inline bool aligned16(const void* p) { return (reinterpret_cast<std::uintptr_t>(p) & 15u) == 0; }
+
+// Grid (lists, ceil(max_k / 32)): each block copies up to 32 rows of one
+// list. Reads of mapped host memory cross the link one request at a time and
+// are bound by how many are in flight, not by the link's rate; so rows that
+// come in whole 16-byte pieces (head_dim and the token stride multiples of
+// 8 halves, every pointer 16-byte aligned) move as uint4, a warp's load
+// asking for 512 contiguous bytes, and each thread issues kGatherLoads K and
+// as many V loads before it stores any. Other rows move a half at a time.
 __global__ void __launch_bounds__(kGatherThreads) gather_rows_kernel(GatherLists g) {
   const int i = blockIdx.x, d = g.head_dim;
   const int first = blockIdx.y * kGatherRowsPerBlock, len = g.len[i];
+  const int rows = len - first < kGatherRowsPerBlock ? len - first : kGatherRowsPerBlock;
+  if (rows <= 0) return;
+  const std::int32_t* tok = g.tokens + static_cast<std::int64_t>(i) * g.max_k + first;
   const half_bits* hk = g.host_k[i];
   const half_bits* hv = g.host_v[i];
-  half_bits* dk = g.dst_k[i];
-  half_bits* dv = g.dst_v[i];
-  for (int x = threadIdx.x; x < kGatherRowsPerBlock * d; x += blockDim.x) {
-    const int t = first + x / d, c = x % d;
-    if (t >= len) break;
-    const std::int64_t src =
-        static_cast<std::int64_t>(g.tokens[static_cast<std::int64_t>(i) * g.max_k + t]) * g.token_stride + c;
-    dk[static_cast<std::int64_t>(t) * d + c] = hk[src];
-    dv[static_cast<std::int64_t>(t) * d + c] = hv[src];
+  half_bits* dk = g.dst_k[i] + static_cast<std::int64_t>(first) * d;
+  half_bits* dv = g.dst_v[i] + static_cast<std::int64_t>(first) * d;
+  if (d % 8 == 0 && g.token_stride % 8 == 0 && aligned16(hk) && aligned16(hv) && aligned16(dk) && aligned16(dv)) {
+    const int per_row = d / 8, n = rows * per_row;
+    const std::int64_t stride = g.token_stride / 8;
+    const auto* sk = reinterpret_cast<const uint4*>(hk);
+    const auto* sv = reinterpret_cast<const uint4*>(hv);
+    auto* ok = reinterpret_cast<uint4*>(dk);
+    auto* ov = reinterpret_cast<uint4*>(dv);
+    for (int base = threadIdx.x; base < n; base += kGatherLoads * kGatherThreads) {
+      uint4 k[kGatherLoads], v[kGatherLoads];
+#pragma unroll
+      for (int u = 0; u < kGatherLoads; ++u) {
+        const int x = base + u * kGatherThreads;
+        if (x < n) {
+          const std::int64_t src = static_cast<std::int64_t>(tok[x / per_row]) * stride + x % per_row;
+          k[u] = sk[src];
+          v[u] = sv[src];
+        }
+      }
+#pragma unroll
+      for (int u = 0; u < kGatherLoads; ++u) {
+        const int x = base + u * kGatherThreads;
+        if (x < n) {
+          ok[x] = k[u];
+          ov[x] = v[u];
+        }
+      }
+    }
+    return;
+  }
+  for (int x = threadIdx.x; x < rows * d; x += blockDim.x) {
+    const int t = x / d, c = x % d;
+    const std::int64_t src = static_cast<std::int64_t>(tok[t]) * g.token_stride + c;
+    dk[x] = hk[src];
+    dv[x] = hv[src];
   }
 }
 
