@@ -256,7 +256,6 @@ __global__ void __launch_bounds__(kDecodeThreads, kDecodeBlocksPerSm)
   for (int x = tid; x < d * Gp; x += nt) {
     const int c = x / Gp, j = x % Gp;
     S.qs[x] = j < G ? scale * qh[j * d + c] : 0.0f;
-    S.qd[x] = 0.0f;
   }
   for (int x = tid; x < G * d; x += nt) S.acc[x] = 0.0f;
   if (tid < G) {
