@@ -95,13 +95,16 @@ void run(Backend& be, const ChessOptions& o, std::int32_t layers, std::int32_t w
 // and the page table equals the hierarchical rule applied on the host to the
 // backend's own scores (so a flipped page can only come from a score within
 // that bound of a level's threshold).
+// D: 96 (the score kernel's float4 tail only), 1030 (not a multiple of 4:
+// its scalar loop), 2052 (its unrolled loop twice, then the tail).
 template <class Backend>
-void real_keys(Backend& be) {
+void real_keys(Backend& be, std::int32_t D) {
+  SCOPED_TRACE("D " + std::to_string(D));
   ChessOptions o = chess_preset("moderate");
   o.page_size = 8;
   o.chunk_pages = 3;
   o.grid_chunks = 2;
-  const std::int32_t D = 96, R = 3;
+  const std::int32_t R = 3;
   const std::vector<std::int32_t> lengths = {7, 8 * 13 + 3, 8 * 40};
   const std::int32_t max_pages = 40;
   const std::size_t bytes = kc::chess_batch_bytes(R, D, max_pages, o);
@@ -340,7 +343,7 @@ void batch(Backend& be) {
   a.sink_pages = 2;
   a.recent_pages = 1;
   run(be, a, 3, 8, {5, 64, 1}, 6);
-  real_keys(be);
+  for (const std::int32_t D : {96, 1030, 2052}) real_keys(be, D);
 }
 
 }  // namespace kvcal::runtime::chess_flow

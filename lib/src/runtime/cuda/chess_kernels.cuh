@@ -97,6 +97,51 @@ __global__ void __launch_bounds__(kChessThreads) chess_anchor_kernel(ChessView v
   b.anchor[static_cast<std::int64_t>(r) * b.dim + j] = count > 0 ? static_cast<float>(acc / count) : 0.0f;
 }
 
+constexpr int kChessScoreLoads = 8;
+
+// a . row over n floats by one warp (the sum in lane 0's and every lane's
+// result). With n % 4 == 0 (both 16-byte aligned) each lane reads float4s,
+// kChessScoreLoads of the row in flight: a row is D = layers x heads x
+// head_dim floats (128 KB at the 8B shape), read once per selection, so the
+// kernel is bound by the reads in flight, not by arithmetic. The order of the
+// sum is fixed (lane, component, then the warp's butterfly): the same scores
+// on every run.
+__device__ inline float warp_dot(const float* a, const float* row, int n, int lane) {
+  float s = 0.0f;
+  if (n % 4 == 0) {
+    const auto* a4 = reinterpret_cast<const float4*>(a);
+    const auto* r4 = reinterpret_cast<const float4*>(row);
+    const int n4 = n / 4;
+    float sx = 0.0f, sy = 0.0f, sz = 0.0f, sw = 0.0f;
+    int j = lane;
+    for (; j + 32 * (kChessScoreLoads - 1) < n4; j += 32 * kChessScoreLoads) {
+      float4 x[kChessScoreLoads];
+#pragma unroll
+      for (int u = 0; u < kChessScoreLoads; ++u) x[u] = r4[j + 32 * u];
+#pragma unroll
+      for (int u = 0; u < kChessScoreLoads; ++u) {
+        const float4 y = a4[j + 32 * u];
+        sx += x[u].x * y.x;
+        sy += x[u].y * y.y;
+        sz += x[u].z * y.z;
+        sw += x[u].w * y.w;
+      }
+    }
+    for (; j < n4; j += 32) {
+      const float4 x = r4[j], y = a4[j];
+      sx += x.x * y.x;
+      sy += x.y * y.y;
+      sz += x.z * y.z;
+      sw += x.w * y.w;
+    }
+    s = (sx + sy) + (sz + sw);
+  } else {
+    for (int j = lane; j < n; j += 32) s += a[j] * row[j];
+  }
+  for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+  return s;
+}
+
 // Grid (requests, ceil(rows / warps)): one warp per summary row, scores in
 // the order grids, chunks, pages.
 __global__ void __launch_bounds__(kChessThreads) chess_score_kernel(ChessView v, const std::int32_t* tokens) {
@@ -107,10 +152,7 @@ __global__ void __launch_bounds__(kChessThreads) chess_score_kernel(ChessView v,
   const int C = (P + b.chunk_pages - 1) / b.chunk_pages, G = (C + b.grid_chunks - 1) / b.grid_chunks;
   if (q >= G + C + P || chess_kept(b, r, P)) return;  // whole warps leave together
   const float* row = q < G ? v.grid(r, q) : (q < G + C ? v.chunk(r, q - G) : v.page(r, q - G - C));
-  const float* a = b.anchor + static_cast<std::int64_t>(r) * b.dim;
-  float s = 0.0f;
-  for (int j = lane; j < b.dim; j += 32) s += a[j] * row[j];
-  for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+  const float s = warp_dot(b.anchor + static_cast<std::int64_t>(r) * b.dim, row, b.dim, lane);
   if (lane == 0) {
     const int col = q < G ? q : (q < G + C ? b.max_grids + (q - G) : b.max_grids + b.max_chunks + (q - G - C));
     b.scores[static_cast<std::int64_t>(r) * v.rows() + col] = s;
