@@ -62,11 +62,14 @@ struct Emulated {
     emu::launch(
         R, kk::kChessThreads, 0, [&] { kk::chess_anchor_kernel(v, tokens); },
         static_cast<unsigned>((b.dim + kk::kChessThreads - 1) / kk::kChessThreads));
-    const int rows = b.max_grids + b.max_chunks + b.max_pages, per = kk::kChessThreads / 32;
-    emu::launch(
-        R, kk::kChessThreads, 0, [&] { kk::chess_score_kernel(v, tokens); },
-        static_cast<unsigned>((rows + per - 1) / per));
-    emu::launch(R, kk::kChessSelectThreads, 0, [&] { kk::chess_select_kernel(v, tokens); });
+    const int per = kk::kChessThreads / 32;
+    const int units[3] = {b.max_grids, b.max_chunks, b.max_pages};
+    for (const int level : {kk::kGridLevel, kk::kChunkLevel, kk::kPageLevel}) {
+      emu::launch(
+          R, kk::kChessThreads, 0, [&] { kk::chess_score_kernel(v, tokens, level); },
+          static_cast<unsigned>((units[level] + per - 1) / per));
+      emu::launch(R, kk::kChessSelectThreads, 0, [&] { kk::chess_level_kernel(v, tokens, level); });
+    }
     emu::launch(R, kk::kChessThreads, 0, [&] { kk::chess_table_kernel(v, tokens, t); });
   }
   void chess_invalidate(const kc::ChessDeviceBatch& b) {

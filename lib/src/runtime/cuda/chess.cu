@@ -33,12 +33,15 @@ void chess_select(const ChessDeviceBatch& b, const std::int32_t* tokens, const C
   chess_anchor_kernel<<<dim3(R, static_cast<unsigned>((b.dim + kChessThreads - 1) / kChessThreads)), kChessThreads, 0,
                         stream>>>(v, tokens);
   detail::check_launch("chess_anchor_kernel");
-  const int rows = b.max_grids + b.max_chunks + b.max_pages, per_block = kChessThreads / 32;
-  chess_score_kernel<<<dim3(R, static_cast<unsigned>((rows + per_block - 1) / per_block)), kChessThreads, 0, stream>>>(
-      v, tokens);
-  detail::check_launch("chess_score_kernel");
-  chess_select_kernel<<<R, kChessSelectThreads, 0, stream>>>(v, tokens);
-  detail::check_launch("chess_select_kernel");
+  const int per_block = kChessThreads / 32;
+  const int units[3] = {b.max_grids, b.max_chunks, b.max_pages};
+  for (const int level : {kGridLevel, kChunkLevel, kPageLevel}) {  // scores, then the selection, per level
+    chess_score_kernel<<<dim3(R, static_cast<unsigned>((units[level] + per_block - 1) / per_block)), kChessThreads, 0,
+                         stream>>>(v, tokens, level);
+    detail::check_launch("chess_score_kernel");
+    chess_level_kernel<<<R, kChessSelectThreads, 0, stream>>>(v, tokens, level);
+    detail::check_launch("chess_level_kernel");
+  }
   chess_table_kernel<<<R, kChessThreads, 0, stream>>>(v, tokens, t);
   detail::check_launch("chess_table_kernel");
 }
