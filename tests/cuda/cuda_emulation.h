@@ -63,6 +63,19 @@ T shfl_xor(T x, int offset) {
   return y;
 }
 
+template <class T>
+T shfl_up(T x, unsigned delta) {
+  static_assert(sizeof(T) == 4, "32-bit shuffles only");
+  const unsigned t = thread_idx.x, w = t / 32, lane = t % 32;
+  float* ex = current->exchange.data() + static_cast<std::size_t>(w) * 32;
+  std::memcpy(ex + lane, &x, 4);
+  current->warps[w]->arrive_and_wait();
+  T y = x;  // lanes below delta keep their own value, as on the device
+  if (lane >= delta) std::memcpy(&y, ex + (lane - delta), 4);
+  current->warps[w]->arrive_and_wait();
+  return y;
+}
+
 inline unsigned ballot(bool pred) {
   const unsigned t = thread_idx.x, w = t / 32, lane = t % 32;
   unsigned* v = current->votes.data() + static_cast<std::size_t>(w) * 32;
@@ -109,6 +122,7 @@ void launch(unsigned grid, unsigned threads, std::size_t shared_bytes, Body body
 #define blockDim ::kvcal::emu::block_dim
 #define __syncthreads() ::kvcal::emu::syncthreads()
 #define __shfl_xor_sync(mask, x, offset) ::kvcal::emu::shfl_xor(x, offset)
+#define __shfl_up_sync(mask, x, delta) ::kvcal::emu::shfl_up(x, static_cast<unsigned>(delta))
 #define __ballot_sync(mask, pred) ::kvcal::emu::ballot(pred)
 
 inline int __popc(unsigned x) { return __builtin_popcount(x); }

@@ -12,7 +12,11 @@
 
 namespace kvcal::runtime::cuda::kernels {
 
-constexpr int kTopkThreads = 256;
+constexpr int kTopkThreads = 512;
+// Radix digits, most significant first: 12, 10 and 10 bits. The first is
+// wide because attention rows put most keys in a few exponents: with 8-bit
+// digits nearly every key of the first pass hit the same two or three bins.
+constexpr int kTopkBins = 4096, kTopkLoads = 4, kTopkRun = 4;
 
 // A float's position in an unsigned order (-0 and +0 tie, as they compare equal).
 __device__ inline std::uint32_t order_key(float x) {
@@ -22,18 +26,44 @@ __device__ inline std::uint32_t order_key(float x) {
 }
 
 struct TopkShared {
-  unsigned hist[256];
-  int warp_eq[32], warp_sel[32];
+  unsigned hist[kTopkBins];
+  unsigned warp_total[32];
   int chosen;
   unsigned remaining;
 };
 
+// Inclusive prefix sum of x over the block's threads in thread order; total:
+// the sum over the block. Every thread calls it (two barriers).
+__device__ inline unsigned block_scan(unsigned x, unsigned* warp_total, unsigned& total) {
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, warps = blockDim.x / 32;
+  for (int o = 1; o < 32; o <<= 1) {
+    const unsigned y = __shfl_up_sync(0xffffffffu, x, o);
+    if (lane >= o) x += y;
+  }
+  if (lane == 31) warp_total[warp] = x;
+  __syncthreads();
+  unsigned before = 0;
+  total = 0;
+  for (int w = 0; w < warps; ++w) {
+    const unsigned t = warp_total[w];
+    if (w < warp) before += t;
+    total += t;
+  }
+  __syncthreads();  // warp_total is rewritten by the next scan
+  return before + x;
+}
+
 // The k largest of x[0..n) (ties: lower index first) into out, ascending, by
-// one thread block; returns min(k, n) in every thread. Four 8-bit radix
-// passes find the k-th largest key T and how many of the keys equal to T to
-// take; one pass then writes the indices in order (ballot counts per warp).
+// one thread block; returns min(k, n) in every thread. Three radix passes
+// (digits of 12, 10 and 10 bits) find the k-th largest key T and how many of
+// the keys equal to T to take: per pass a histogram of the keys that match
+// the digits found so far, kTopkLoads loads in flight per thread, then the
+// bin where the count from the top reaches what is left (a block scan of
+// each thread's bins). One more pass writes the indices in order, kTopkRun
+// consecutive keys per thread and one block scan per tile; it stops once k
+// indices are out.
 __device__ inline int top_k_block(const float* x, int n, int k, std::int32_t* out, TopkShared& sh) {
-  const int tid = threadIdx.x, nt = blockDim.x, lane = tid % 32, warp = tid / 32, warps = nt / 32;
+  const int tid = threadIdx.x, nt = blockDim.x;
   if (k > n) k = n;
   if (k <= 0) return 0;
   if (k == n) {
@@ -42,54 +72,75 @@ __device__ inline int top_k_block(const float* x, int n, int k, std::int32_t* ou
   }
   std::uint32_t prefix = 0, mask = 0;
   unsigned remaining = static_cast<unsigned>(k);
-  for (int shift = 24; shift >= 0; shift -= 8) {
-    for (int b = tid; b < 256; b += nt) sh.hist[b] = 0;
+  for (int pass = 0; pass < 3; ++pass) {
+    const int shift = pass == 0 ? 20 : (pass == 1 ? 10 : 0), bins = pass == 0 ? kTopkBins : 1024;
+    const std::uint32_t digit = static_cast<std::uint32_t>(bins - 1);
+    for (int b = tid; b < bins; b += nt) sh.hist[b] = 0;
     __syncthreads();
-    for (int i = tid; i < n; i += nt) {
-      const std::uint32_t u = order_key(x[i]);
-      if ((u & mask) == prefix) atomicAdd(&sh.hist[(u >> shift) & 255u], 1u);
+    for (int base = tid; base < n; base += kTopkLoads * nt) {
+      float v[kTopkLoads];
+#pragma unroll
+      for (int u = 0; u < kTopkLoads; ++u) v[u] = base + u * nt < n ? x[base + u * nt] : 0.0f;
+#pragma unroll
+      for (int u = 0; u < kTopkLoads; ++u) {
+        const std::uint32_t key = order_key(v[u]);
+        if (base + u * nt < n && (key & mask) == prefix) atomicAdd(&sh.hist[(key >> shift) & digit], 1u);
+      }
     }
     __syncthreads();
-    if (tid == 0) {  // the bin, from the top, where the count reaches `remaining`
-      unsigned above = 0;
-      int b = 255;
-      for (; b > 0 && above + sh.hist[b] < remaining; --b) above += sh.hist[b];
+    // Thread t holds bins [top - per (t + 1), top - per t), counted from the top.
+    const int per = (bins + nt - 1) / nt, hi = bins - 1 - per * tid, lo = hi - per + 1 > 0 ? hi - per + 1 : 0;
+    unsigned mine = 0;
+    for (int b = hi; b >= lo; --b) mine += sh.hist[b];
+    unsigned total = 0;
+    const unsigned upto = block_scan(mine, sh.warp_total, total);
+    unsigned above = upto - mine;
+    if (hi >= 0 && above < remaining && remaining <= upto) {  // one thread: the bin is among its own
+      int b = hi;
+      for (; b > lo && above + sh.hist[b] < remaining; --b) above += sh.hist[b];
       sh.chosen = b;
       sh.remaining = remaining - above;
     }
     __syncthreads();
-    // (Read before the next pass's first barrier, after which thread 0 writes again.)
     prefix |= static_cast<std::uint32_t>(sh.chosen) << shift;
-    mask |= 255u << shift;
+    mask |= digit << shift;
     remaining = sh.remaining;
+    __syncthreads();  // read before the next pass's owner writes them again
   }
-  int written = 0, eq_seen = 0;
-  const unsigned below = (1u << lane) - 1u;
-  for (int base = 0; base < n; base += nt) {
-    const int i = base + tid;
-    const std::uint32_t u = i < n ? order_key(x[i]) : 0u;
-    const bool gt = i < n && u > prefix, eq = i < n && u == prefix;
-    const unsigned meq = __ballot_sync(0xffffffffu, eq);
-    if (lane == 0) sh.warp_eq[warp] = __popc(meq);
-    __syncthreads();
-    int eq_before = eq_seen + __popc(meq & below), eq_tile = 0;
-    for (int w = 0; w < warps; ++w) {
-      if (w < warp) eq_before += sh.warp_eq[w];
-      eq_tile += sh.warp_eq[w];
-    }
-    const bool sel = gt || (eq && eq_before < static_cast<int>(remaining));
-    const unsigned msel = __ballot_sync(0xffffffffu, sel);
-    if (lane == 0) sh.warp_sel[warp] = __popc(msel);
-    __syncthreads();
-    int pos = written + __popc(msel & below), sel_tile = 0;
-    for (int w = 0; w < warps; ++w) {
-      if (w < warp) pos += sh.warp_sel[w];
-      sel_tile += sh.warp_sel[w];
-    }
-    if (sel) out[pos] = i;
-    written += sel_tile;
-    eq_seen += eq_tile;
-    __syncthreads();  // the warp counts are rewritten by the next tile
+  // T = prefix; take every key above it and the first `remaining` equal to it.
+  int written = 0;
+  unsigned eq_seen = 0;
+  for (int base = 0; base < n && written < k; base += kTopkRun * nt) {
+    const int i0 = base + kTopkRun * tid;
+    std::uint32_t key[kTopkRun];
+#pragma unroll
+    for (int e = 0; e < kTopkRun; ++e) key[e] = i0 + e < n ? order_key(x[i0 + e]) : 0u;
+    unsigned gt = 0, eq = 0;
+#pragma unroll
+    for (int e = 0; e < kTopkRun; ++e)
+      if (i0 + e < n) {
+        gt += key[e] > prefix ? 1u : 0u;
+        eq += key[e] == prefix ? 1u : 0u;
+      }
+    unsigned total = 0;  // gt in the high half, eq in the low (each <= kTopkRun * nt per tile)
+    const unsigned upto = block_scan(gt << 16 | eq, sh.warp_total, total);
+    const unsigned gt_before = (upto >> 16) - gt, eq_before = (upto & 0xffffu) - eq;
+    const unsigned quota = remaining > eq_seen ? remaining - eq_seen : 0u;
+    int pos = written + static_cast<int>(gt_before + (eq_before < quota ? eq_before : quota));
+    unsigned eq_run = eq_before;
+#pragma unroll
+    for (int e = 0; e < kTopkRun; ++e)
+      if (i0 + e < n) {
+        if (key[e] > prefix) {
+          out[pos++] = i0 + e;
+        } else if (key[e] == prefix) {
+          if (eq_run < quota) out[pos++] = i0 + e;
+          ++eq_run;
+        }
+      }
+    const unsigned eq_total = total & 0xffffu;
+    written += static_cast<int>((total >> 16) + (eq_total < quota ? eq_total : quota));
+    eq_seen += eq_total;
   }
   return written;
 }
