@@ -64,8 +64,8 @@ struct ChessDeviceBatch {
   std::int32_t* kept = nullptr;
 };
 
-// The largest page count a request may reach for one selection (the
-// selection sorts a level's scores in shared memory).
+// The largest page count a request may reach for one selection (with pages
+// of 32 tokens, 256K tokens).
 constexpr std::int32_t kChessMaxPages = 8192;
 
 // Bytes of device memory for `requests` requests of up to max_pages complete

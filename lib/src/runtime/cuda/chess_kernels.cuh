@@ -1,7 +1,7 @@
 // The CHESS kernels (chess_cuda.h): summaries updated per dimension with the
 // CPU's arithmetic, the anchor, one dot product per summary row, the
-// hierarchical selection of one request per thread block (a bitonic sort of
-// each level's scores in shared memory for its quantile), and the
+// hierarchical selection of one request per thread block (each level's
+// quantile from two radix selections over its scores), and the
 // paged-attention table. chess_select runs the levels in turn (scores of a
 // level, then its selection), so that only units with an active parent are
 // scored. A request whose kept selection still holds (see chess_kept) skips
@@ -14,6 +14,7 @@
 
 #include "kvcal/runtime/chess_cuda.h"
 #include "runtime/cuda/kernels_common.cuh"
+#include "runtime/cuda/radix_select.cuh"
 
 namespace kvcal::runtime::cuda::kernels {
 
@@ -184,41 +185,25 @@ __global__ void __launch_bounds__(kChessThreads)
   if (lane == 0) b.scores[at + offset + q] = s;
 }
 
+using ChessRadix = RadixShared<11>;  // digits of 11, 11 and 10 bits over at most kChessMaxPages scores
+
 // One level of Algorithm 1 by a thread block: S' = S * active; tau =
-// quantile(S', 1 - rho) (linear interpolation); mask = S' >= tau & active.
-// active null: every unit active.
+// quantile(S', 1 - rho) (linear interpolation between the order statistics
+// at floor(pos) and the next, pos = (1 - rho)(n - 1), each found by a radix
+// selection); mask = S' >= tau & active. active null: every unit active.
 __device__ inline void chess_level(const float* s, int n, const std::uint8_t* active, double rho, std::uint8_t* mask,
-                                   float* buf, float* tau_out) {
+                                   ChessRadix& sh) {
   const int tid = threadIdx.x, nt = blockDim.x;
-  int N = 1;
-  while (N < n) N <<= 1;
-  for (int i = tid; i < N; i += nt) buf[i] = i < n ? ((!active || active[i]) ? s[i] : 0.0f) : INFINITY;
-  __syncthreads();
-  for (int k = 2; k <= N; k <<= 1)  // bitonic sort, ascending
-    for (int j = k >> 1; j > 0; j >>= 1) {
-      for (int i = tid; i < N; i += nt) {
-        const int l = i ^ j;
-        if (l > i) {
-          const bool up = (i & k) == 0;
-          const float a = buf[i], c = buf[l];
-          if ((a > c) == up) {
-            buf[i] = c;
-            buf[l] = a;
-          }
-        }
-      }
-      __syncthreads();
-    }
-  if (tid == 0) {
-    const double pos = (1.0 - rho) * static_cast<double>(n - 1);
-    const int lo = static_cast<int>(floor(pos));
-    const int hi = lo + 1 < n - 1 ? lo + 1 : n - 1;
-    const float a = buf[lo], c = hi != lo ? buf[lo + 1] : a;
-    const double frac = pos - static_cast<double>(lo);
-    *tau_out = static_cast<float>(static_cast<double>(a) + frac * (static_cast<double>(c) - a));
-  }
-  __syncthreads();
-  const float tau = *tau_out;
+  const auto key = [s, active](int i) { return order_key((!active || active[i]) ? s[i] : 0.0f); };
+  const double pos = (1.0 - rho) * static_cast<double>(n - 1);
+  const int lo = static_cast<int>(floor(pos));
+  const int hi = lo + 1 < n - 1 ? lo + 1 : n - 1;
+  unsigned take = 0;  // ascending position lo is the (n - lo)-th largest
+  const float a = key_float(radix_kth_largest<11, 4>(key, n, static_cast<unsigned>(n - lo), sh, take));
+  const float c =
+      hi != lo ? key_float(radix_kth_largest<11, 4>(key, n, static_cast<unsigned>(n - lo - 1), sh, take)) : a;
+  const double frac = pos - static_cast<double>(lo);
+  const float tau = static_cast<float>(static_cast<double>(a) + frac * (static_cast<double>(c) - a));
   for (int i = tid; i < n; i += nt) {
     const bool on = !active || active[i];
     mask[i] = (on ? s[i] : 0.0f) >= tau && on ? 1 : 0;
@@ -235,8 +220,7 @@ __global__ void __launch_bounds__(kChessSelectThreads)
     chess_level_kernel(ChessView v, const std::int32_t* tokens, int level) {
   const ChessDeviceBatch& b = v.b;
   const int r = blockIdx.x, tid = threadIdx.x, nt = blockDim.x, lane = tid % 32, warp = tid / 32;
-  __shared__ float buf[kChessMaxPages];
-  __shared__ float tau;
+  __shared__ ChessRadix sh;
   __shared__ int warp_sel[32];
   const ChessUnits u(b, tokens[r]);
   const int P = u.P, partial = u.partial, C = u.C, G = u.G;
@@ -247,14 +231,14 @@ __global__ void __launch_bounds__(kChessSelectThreads)
   std::uint8_t* cm = gm + b.max_grids;
   std::uint8_t* pm = cm + b.max_chunks;
   if (level == kGridLevel) {
-    if (P > 0 && P <= b.max_pages && !chess_kept(b, r, P)) chess_level(s, G, nullptr, b.rho_grid, gm, buf, &tau);
+    if (P > 0 && P <= b.max_pages && !chess_kept(b, r, P)) chess_level(s, G, nullptr, b.rho_grid, gm, sh);
     return;
   }
   if (level == kChunkLevel) {
     if (P > 0 && P <= b.max_pages && !chess_kept(b, r, P)) {
       for (int c = tid; c < C; c += nt) cm[c] = gm[c / b.grid_chunks];
       __syncthreads();
-      chess_level(s + b.max_grids, C, cm, b.rho_chunk, cm, buf, &tau);
+      chess_level(s + b.max_grids, C, cm, b.rho_chunk, cm, sh);
     }
     return;
   }
@@ -276,7 +260,7 @@ __global__ void __launch_bounds__(kChessSelectThreads)
   if (P > 0) {
     for (int p = tid; p < P; p += nt) pm[p] = cm[p / b.chunk_pages];
     __syncthreads();
-    chess_level(s + b.max_grids + b.max_chunks, P, pm, b.rho_page, pm, buf, &tau);
+    chess_level(s + b.max_grids + b.max_chunks, P, pm, b.rho_page, pm, sh);
     for (int p = tid; p < P; p += nt)
       if (p < b.sink_pages || p >= P - b.recent_pages) pm[p] = 1;
     __syncthreads();

@@ -9,59 +9,22 @@
 
 #include "kvcal/runtime/hetero_cuda.h"
 #include "runtime/cuda/kernels_common.cuh"
+#include "runtime/cuda/radix_select.cuh"
 
 namespace kvcal::runtime::cuda::kernels {
 
 constexpr int kTopkThreads = 512;
-// Radix digits, most significant first: 12, 10 and 10 bits. The first is
-// wide because attention rows put most keys in a few exponents: with 8-bit
-// digits nearly every key of the first pass hit the same two or three bins.
-constexpr int kTopkBins = 4096, kTopkLoads = 4, kTopkRun = 4;
-
-// A float's position in an unsigned order (-0 and +0 tie, as they compare equal).
-__device__ inline std::uint32_t order_key(float x) {
-  std::uint32_t u = 0;
-  if (x != 0.0f) std::memcpy(&u, &x, 4);
-  return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
-}
-
-struct TopkShared {
-  unsigned hist[kTopkBins];
-  unsigned warp_total[32];
-  int chosen;
-  unsigned remaining;
-};
-
-// Inclusive prefix sum of x over the block's threads in thread order; total:
-// the sum over the block. Every thread calls it (two barriers).
-__device__ inline unsigned block_scan(unsigned x, unsigned* warp_total, unsigned& total) {
-  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, warps = blockDim.x / 32;
-  for (int o = 1; o < 32; o <<= 1) {
-    const unsigned y = __shfl_up_sync(0xffffffffu, x, o);
-    if (lane >= o) x += y;
-  }
-  if (lane == 31) warp_total[warp] = x;
-  __syncthreads();
-  unsigned before = 0;
-  total = 0;
-  for (int w = 0; w < warps; ++w) {
-    const unsigned t = warp_total[w];
-    if (w < warp) before += t;
-    total += t;
-  }
-  __syncthreads();  // warp_total is rewritten by the next scan
-  return before + x;
-}
+// Radix digits of 12, 10 and 10 bits. The first is wide because attention
+// rows put most keys in a few exponents: with 8-bit digits nearly every key
+// of the first pass hit the same two or three bins.
+constexpr int kTopkFirstBits = 12, kTopkLoads = 4, kTopkRun = 4;
+using TopkShared = RadixShared<kTopkFirstBits>;
 
 // The k largest of x[0..n) (ties: lower index first) into out, ascending, by
-// one thread block; returns min(k, n) in every thread. Three radix passes
-// (digits of 12, 10 and 10 bits) find the k-th largest key T and how many of
-// the keys equal to T to take: per pass a histogram of the keys that match
-// the digits found so far, kTopkLoads loads in flight per thread, then the
-// bin where the count from the top reaches what is left (a block scan of
-// each thread's bins). One more pass writes the indices in order, kTopkRun
-// consecutive keys per thread and one block scan per tile; it stops once k
-// indices are out.
+// one thread block; returns min(k, n) in every thread. radix_kth_largest
+// finds the k-th largest key T and how many of the keys equal to T to take;
+// one more pass writes the indices in order, kTopkRun consecutive keys per
+// thread and one block scan per tile, and stops once k indices are out.
 __device__ inline int top_k_block(const float* x, int n, int k, std::int32_t* out, TopkShared& sh) {
   const int tid = threadIdx.x, nt = blockDim.x;
   if (k > n) k = n;
@@ -70,43 +33,9 @@ __device__ inline int top_k_block(const float* x, int n, int k, std::int32_t* ou
     for (int i = tid; i < n; i += nt) out[i] = i;
     return n;
   }
-  std::uint32_t prefix = 0, mask = 0;
-  unsigned remaining = static_cast<unsigned>(k);
-  for (int pass = 0; pass < 3; ++pass) {
-    const int shift = pass == 0 ? 20 : (pass == 1 ? 10 : 0), bins = pass == 0 ? kTopkBins : 1024;
-    const std::uint32_t digit = static_cast<std::uint32_t>(bins - 1);
-    for (int b = tid; b < bins; b += nt) sh.hist[b] = 0;
-    __syncthreads();
-    for (int base = tid; base < n; base += kTopkLoads * nt) {
-      float v[kTopkLoads];
-#pragma unroll
-      for (int u = 0; u < kTopkLoads; ++u) v[u] = base + u * nt < n ? x[base + u * nt] : 0.0f;
-#pragma unroll
-      for (int u = 0; u < kTopkLoads; ++u) {
-        const std::uint32_t key = order_key(v[u]);
-        if (base + u * nt < n && (key & mask) == prefix) atomicAdd(&sh.hist[(key >> shift) & digit], 1u);
-      }
-    }
-    __syncthreads();
-    // Thread t holds bins [top - per (t + 1), top - per t), counted from the top.
-    const int per = (bins + nt - 1) / nt, hi = bins - 1 - per * tid, lo = hi - per + 1 > 0 ? hi - per + 1 : 0;
-    unsigned mine = 0;
-    for (int b = hi; b >= lo; --b) mine += sh.hist[b];
-    unsigned total = 0;
-    const unsigned upto = block_scan(mine, sh.warp_total, total);
-    unsigned above = upto - mine;
-    if (hi >= 0 && above < remaining && remaining <= upto) {  // one thread: the bin is among its own
-      int b = hi;
-      for (; b > lo && above + sh.hist[b] < remaining; --b) above += sh.hist[b];
-      sh.chosen = b;
-      sh.remaining = remaining - above;
-    }
-    __syncthreads();
-    prefix |= static_cast<std::uint32_t>(sh.chosen) << shift;
-    mask |= digit << shift;
-    remaining = sh.remaining;
-    __syncthreads();  // read before the next pass's owner writes them again
-  }
+  unsigned remaining = 0;
+  const std::uint32_t prefix = radix_kth_largest<kTopkFirstBits, kTopkLoads>([x](int i) { return order_key(x[i]); }, n,
+                                                                             static_cast<unsigned>(k), sh, remaining);
   // T = prefix; take every key above it and the first `remaining` equal to it.
   int written = 0;
   unsigned eq_seen = 0;
