@@ -17,6 +17,7 @@
 #include <cstdint>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "kvcal/runtime/chess.h"
@@ -25,6 +26,16 @@
 namespace kvcal::runtime::chess_flow {
 
 namespace kc = kvcal::runtime::cuda;
+
+// A preset with pages of `page` tokens, `chunk` pages per chunk and `grid`
+// chunks per grid.
+inline ChessOptions options(const char* preset, std::int64_t page, std::int64_t chunk, std::int64_t grid) {
+  ChessOptions o = chess_preset(preset);
+  o.page_size = page;
+  o.chunk_pages = chunk;
+  o.grid_chunks = grid;
+  return o;
+}
 
 template <class Backend>
 void run(Backend& be, const ChessOptions& o, std::int32_t layers, std::int32_t width,
@@ -87,6 +98,96 @@ void run(Backend& be, const ChessOptions& o, std::int32_t layers, std::int32_t w
   }
 }
 
+// A store of requests holding `lengths` tokens of D-dimensional keys from
+// gen() (rounded to binary16), appended in one call from token 0, beside
+// ChessIndex on the same keys (ref), with a page table to select into.
+template <class Backend>
+struct Filled {
+  using Buffer = decltype(std::declval<Backend&>().alloc(0));
+  Backend& be;
+  const ChessOptions o;
+  const std::int32_t D, R, max_pages;
+  const std::vector<std::int32_t> lengths;
+  std::vector<std::int32_t> indptr{0};
+  const std::size_t bytes;
+  Buffer mem;
+  const kc::ChessDeviceBatch b;
+  Buffer keys_d, ip, before, tok, t_ip, t_idx, t_last;
+  const kc::ChessPageTable table;
+  std::vector<ChessIndex> ref;
+
+  template <class Gen>
+  Filled(Backend& backend, const ChessOptions& opt, std::int32_t dim, std::vector<std::int32_t> lens,
+         std::int32_t pages, Gen gen)
+      : be(backend),
+        o(opt),
+        D(dim),
+        R(static_cast<std::int32_t>(lens.size())),
+        max_pages(pages),
+        lengths(std::move(lens)),
+        bytes(kc::chess_batch_bytes(R, D, max_pages, o)),
+        mem(be.alloc(bytes)),
+        b(kc::chess_batch(mem.p, bytes, R, D, max_pages, o)),
+        keys_d(be.alloc(static_cast<std::size_t>(total()) * D * 2)),
+        ip(be.alloc((R + 1) * 4)),
+        before(be.alloc(R * 4)),
+        tok(be.alloc(R * 4)),
+        t_ip(be.alloc((R + 1) * 4)),
+        t_idx(be.alloc(static_cast<std::size_t>(R) * (max_pages + 1) * 4)),
+        t_last(be.alloc(R * 4)),
+        table{static_cast<std::int32_t*>(t_ip.p), static_cast<std::int32_t*>(t_idx.p),
+              static_cast<std::int32_t*>(t_last.p)} {
+    for (const std::int32_t n : lengths) indptr.push_back(indptr.back() + n);
+    be.put(ip.p, indptr.data(), indptr.size() * 4);
+    append(gen);
+  }
+  std::int32_t total() const {
+    std::int32_t t = 0;
+    for (const std::int32_t n : lengths) t += n;
+    return t;
+  }
+  // Keys from gen for every request, appended from token 0; ref rebuilt on them.
+  template <class Gen>
+  void append(Gen gen) {
+    std::vector<half_bits> keys(static_cast<std::size_t>(indptr.back()) * D);
+    std::vector<float> fkeys(keys.size());
+    for (std::size_t i = 0; i < keys.size(); ++i) {
+      keys[i] = float_to_half(gen());
+      fkeys[i] = half_to_float(keys[i]);
+    }
+    ref.clear();
+    for (int r = 0; r < R; ++r) {
+      ref.emplace_back(D, o);
+      ref.back().append(fkeys.data() + static_cast<std::size_t>(indptr[static_cast<std::size_t>(r)]) * D,
+                        lengths[static_cast<std::size_t>(r)], D);
+    }
+    const std::vector<std::int32_t> zeros(static_cast<std::size_t>(R), 0);
+    be.put(keys_d.p, keys.data(), keys.size() * 2);
+    be.put(before.p, zeros.data(), R * 4);
+    be.chess_append(b, static_cast<const half_bits*>(keys_d.p), D, 0, D, static_cast<const std::int32_t*>(ip.p),
+                    static_cast<const std::int32_t*>(before.p));
+  }
+  // chess_select at `tokens` per request, the table read back.
+  PageTable select(const std::vector<std::int32_t>& tokens) {
+    be.put(tok.p, tokens.data(), R * 4);
+    be.chess_select(b, static_cast<const std::int32_t*>(tok.p), table);
+    PageTable got;
+    got.indptr.resize(static_cast<std::size_t>(R) + 1);
+    got.last_page_len.resize(static_cast<std::size_t>(R));
+    be.get(got.indptr.data(), t_ip.p, got.indptr.size() * 4);
+    be.get(got.last_page_len.data(), t_last.p, got.last_page_len.size() * 4);
+    got.indices.resize(static_cast<std::size_t>(got.indptr.back()));
+    be.get(got.indices.data(), t_idx.p, got.indices.size() * 4);
+    return got;
+  }
+  // select_batch over ref.
+  PageTable want() const {
+    std::vector<const ChessIndex*> reqs;
+    for (const auto& c : ref) reqs.push_back(&c);
+    return select_batch(reqs);
+  }
+};
+
 // Real-valued keys: the summaries (page, chunk and grid vectors) equal
 // ChessIndex's bit for bit (the same double sums, the same roundings); the
 // backend's scores are float dot products summed in another order than the
@@ -100,44 +201,13 @@ void run(Backend& be, const ChessOptions& o, std::int32_t layers, std::int32_t w
 template <class Backend>
 void real_keys(Backend& be, std::int32_t D) {
   SCOPED_TRACE("D " + std::to_string(D));
-  ChessOptions o = chess_preset("moderate");
-  o.page_size = 8;
-  o.chunk_pages = 3;
-  o.grid_chunks = 2;
-  const std::int32_t R = 3;
-  const std::vector<std::int32_t> lengths = {7, 8 * 13 + 3, 8 * 40};
-  const std::int32_t max_pages = 40;
-  const std::size_t bytes = kc::chess_batch_bytes(R, D, max_pages, o);
-  auto mem = be.alloc(bytes);
-  const kc::ChessDeviceBatch b = kc::chess_batch(mem.p, bytes, R, D, max_pages, o);
+  const ChessOptions o = options("moderate", 8, 3, 2);
   std::mt19937_64 rng(31);
   std::normal_distribution<float> nd(0.0f, 1.0f);
-  std::vector<std::int32_t> indptr{0};
-  for (const std::int32_t n : lengths) indptr.push_back(indptr.back() + n);
-  std::vector<half_bits> keys(static_cast<std::size_t>(indptr.back()) * D);
-  std::vector<float> fkeys(keys.size());
-  for (std::size_t i = 0; i < keys.size(); ++i) {
-    keys[i] = float_to_half(nd(rng));
-    fkeys[i] = half_to_float(keys[i]);
-  }
-  std::vector<ChessIndex> ref;
-  for (int r = 0; r < R; ++r) {
-    ref.emplace_back(D, o);
-    ref.back().append(fkeys.data() + static_cast<std::size_t>(indptr[static_cast<std::size_t>(r)]) * D,
-                      lengths[static_cast<std::size_t>(r)], D);
-  }
-  auto keys_d = be.alloc(keys.size() * 2), ip = be.alloc((R + 1) * 4), before = be.alloc(R * 4), tok = be.alloc(R * 4),
-       t_ip = be.alloc((R + 1) * 4), t_idx = be.alloc(R * (max_pages + 1) * 4), t_last = be.alloc(R * 4);
-  const std::vector<std::int32_t> zeros(R, 0);
-  be.put(keys_d.p, keys.data(), keys.size() * 2);
-  be.put(ip.p, indptr.data(), indptr.size() * 4);
-  be.put(before.p, zeros.data(), R * 4);
-  be.put(tok.p, lengths.data(), R * 4);
-  be.chess_append(b, static_cast<const half_bits*>(keys_d.p), D, 0, D, static_cast<const std::int32_t*>(ip.p),
-                  static_cast<const std::int32_t*>(before.p));
-  const kc::ChessPageTable table{static_cast<std::int32_t*>(t_ip.p), static_cast<std::int32_t*>(t_idx.p),
-                                 static_cast<std::int32_t*>(t_last.p)};
-  be.chess_select(b, static_cast<const std::int32_t*>(tok.p), table);
+  Filled<Backend> f(be, o, D, {7, 8 * 13 + 3, 8 * 40}, 40, [&] { return nd(rng); });
+  const std::int32_t R = f.R, max_pages = f.max_pages;
+  const kc::ChessDeviceBatch& b = f.b;
+  const PageTable table = f.select(f.lengths);
   const std::int64_t rows = std::int64_t{b.max_grids} + b.max_chunks + b.max_pages;
   std::vector<float> pages(static_cast<std::size_t>(R) * max_pages * D),
       chunks(static_cast<std::size_t>(R) * b.max_chunks * D), grids(static_cast<std::size_t>(R) * b.max_grids * D),
@@ -146,12 +216,10 @@ void real_keys(Backend& be, std::int32_t D) {
   be.get(chunks.data(), b.chunks, chunks.size() * 4);
   be.get(grids.data(), b.grids, grids.size() * 4);
   be.get(scores.data(), b.scores, scores.size() * 4);
-  std::vector<std::int32_t> got_ip(R + 1);
-  be.get(got_ip.data(), t_ip.p, got_ip.size() * 4);
-  std::vector<std::int32_t> got(static_cast<std::size_t>(got_ip.back()));
-  be.get(got.data(), t_idx.p, got.size() * 4);
+  const std::vector<std::int32_t>& got_ip = table.indptr;
+  const std::vector<std::int32_t>& got = table.indices;
   for (int r = 0; r < R; ++r) {
-    const ChessIndex& c = ref[static_cast<std::size_t>(r)];
+    const ChessIndex& c = f.ref[static_cast<std::size_t>(r)];
     const std::int64_t P = c.pages(), C = c.chunks(), G = c.grids();
     const auto row_eq = [&](const float* dev, std::int64_t ref_row) {
       return std::equal(dev, dev + D, c.store() + ref_row * D);
@@ -223,56 +291,16 @@ void real_keys(Backend& be, std::int32_t D) {
 // level's threshold is 0 and every active unit passes it).
 template <class Backend>
 void kept(Backend& be) {
-  ChessOptions o = chess_preset("moderate");
-  o.page_size = 4;
-  o.chunk_pages = 4;
-  o.grid_chunks = 2;
-  const std::int32_t D = 16, R = 2, max_pages = 40;
-  const std::vector<std::int32_t> lengths = {130, 61};  // 32 pages + 2, 15 pages + 1
-  const std::size_t bytes = kc::chess_batch_bytes(R, D, max_pages, o);
-  auto mem = be.alloc(bytes);
-  const kc::ChessDeviceBatch b = kc::chess_batch(mem.p, bytes, R, D, max_pages, o);
+  const ChessOptions o = options("moderate", 4, 4, 2);
   std::mt19937_64 rng(5);
   std::uniform_int_distribution<int> val(-5, 5);
-  std::vector<std::int32_t> indptr{0};
-  for (const std::int32_t n : lengths) indptr.push_back(indptr.back() + n);
-  std::vector<half_bits> keys(static_cast<std::size_t>(indptr.back()) * D);
-  std::vector<float> fkeys(keys.size());
-  for (std::size_t i = 0; i < keys.size(); ++i) {
-    fkeys[i] = static_cast<float>(36 * val(rng));
-    keys[i] = float_to_half(fkeys[i]);
-  }
-  std::vector<ChessIndex> ref;
-  for (int r = 0; r < R; ++r) {
-    ref.emplace_back(D, o);
-    ref.back().append(fkeys.data() + static_cast<std::size_t>(indptr[static_cast<std::size_t>(r)]) * D,
-                      lengths[static_cast<std::size_t>(r)], D);
-  }
-  auto keys_d = be.alloc(keys.size() * 2), ip = be.alloc((R + 1) * 4), before = be.alloc(R * 4), tok = be.alloc(R * 4),
-       t_ip = be.alloc((R + 1) * 4), t_idx = be.alloc(R * (max_pages + 1) * 4), t_last = be.alloc(R * 4);
-  const std::vector<std::int32_t> zeros(R, 0);
-  be.put(keys_d.p, keys.data(), keys.size() * 2);
-  be.put(ip.p, indptr.data(), indptr.size() * 4);
-  be.put(before.p, zeros.data(), R * 4);
-  be.chess_append(b, static_cast<const half_bits*>(keys_d.p), D, 0, D, static_cast<const std::int32_t*>(ip.p),
-                  static_cast<const std::int32_t*>(before.p));
-  const kc::ChessPageTable table{static_cast<std::int32_t*>(t_ip.p), static_cast<std::int32_t*>(t_idx.p),
-                                 static_cast<std::int32_t*>(t_last.p)};
-  const auto select = [&](const std::vector<std::int32_t>& tokens) {
-    be.put(tok.p, tokens.data(), R * 4);
-    be.chess_select(b, static_cast<const std::int32_t*>(tok.p), table);
-    PageTable got;
-    got.indptr.resize(R + 1);
-    got.last_page_len.resize(R);
-    be.get(got.indptr.data(), t_ip.p, got.indptr.size() * 4);
-    be.get(got.last_page_len.data(), t_last.p, got.last_page_len.size() * 4);
-    got.indices.resize(static_cast<std::size_t>(got.indptr.back()));
-    be.get(got.indices.data(), t_idx.p, got.indices.size() * 4);
-    return got;
-  };
-  std::vector<const ChessIndex*> reqs;
-  for (const auto& c : ref) reqs.push_back(&c);
-  const PageTable want = select_batch(reqs);
+  const auto gen = [&] { return static_cast<float>(36 * val(rng)); };
+  Filled<Backend> f(be, o, 16, {130, 61}, 40, gen);  // 32 pages + 2, 15 pages + 1
+  const std::int32_t D = f.D, R = f.R;
+  const std::vector<std::int32_t>& lengths = f.lengths;
+  const kc::ChessDeviceBatch& b = f.b;
+  const auto select = [&](const std::vector<std::int32_t>& tokens) { return f.select(tokens); };
+  const PageTable want = f.want();
   const PageTable first = select(lengths);
   ASSERT_EQ(first.indptr, want.indptr);
   ASSERT_EQ(first.indices, want.indices);
@@ -309,22 +337,8 @@ void kept(Backend& be) {
   zero(b.page_sum, R_ * D_);
   zero(b.chunk_acc, R_ * D_);
   zero(b.grid_acc, R_ * D_);
-  std::vector<ChessIndex> ref2;
-  for (std::size_t i = 0; i < keys.size(); ++i) {
-    fkeys[i] = static_cast<float>(36 * val(rng));
-    keys[i] = float_to_half(fkeys[i]);
-  }
-  for (int r = 0; r < R; ++r) {
-    ref2.emplace_back(D, o);
-    ref2.back().append(fkeys.data() + static_cast<std::size_t>(indptr[static_cast<std::size_t>(r)]) * D,
-                       lengths[static_cast<std::size_t>(r)], D);
-  }
-  be.put(keys_d.p, keys.data(), keys.size() * 2);
-  be.chess_append(b, static_cast<const half_bits*>(keys_d.p), D, 0, D, static_cast<const std::int32_t*>(ip.p),
-                  static_cast<const std::int32_t*>(before.p));
-  std::vector<const ChessIndex*> reqs2;
-  for (const auto& c : ref2) reqs2.push_back(&c);
-  const PageTable want2 = select_batch(reqs2);
+  f.append(gen);
+  const PageTable want2 = f.want();
   ASSERT_NE(want2.indices, want.indices);  // the check below tells a kept selection from a new one
   EXPECT_EQ(select(lengths).indices, want2.indices);
   // Forgotten: recomputed from zeroed pages, every page selected; the CPU's
@@ -343,16 +357,10 @@ void kept(Backend& be) {
 
 template <class Backend>
 void batch(Backend& be) {
-  ChessOptions o = chess_preset("moderate");
-  o.page_size = 4;
-  o.chunk_pages = 4;
-  o.grid_chunks = 2;
+  const ChessOptions o = options("moderate", 4, 4, 2);
   // Requests: empty, a partial page, one page, one grid, several grids.
   run(be, o, 2, 16, {0, 3, 4, 24, 130}, 9);
-  ChessOptions a = chess_preset("aggressive");
-  a.page_size = 2;
-  a.chunk_pages = 2;
-  a.grid_chunks = 2;
+  ChessOptions a = options("aggressive", 2, 2, 2);
   a.sink_pages = 2;
   a.recent_pages = 1;
   run(be, a, 3, 8, {5, 64, 1}, 6);

@@ -50,30 +50,29 @@ inline Launch* current = nullptr;  // one launch at a time
 
 inline void syncthreads() { current->block->arrive_and_wait(); }
 
-template <class T>
-T shfl_xor(T x, int offset) {
+// A warp shuffle: every lane posts x and reads lane source(lane)'s.
+template <class T, class Source>
+T exchange(T x, Source source) {
   static_assert(sizeof(T) == 4, "32-bit shuffles only");
   const unsigned t = thread_idx.x, w = t / 32, lane = t % 32;
   float* ex = current->exchange.data() + static_cast<std::size_t>(w) * 32;
   std::memcpy(ex + lane, &x, 4);
   current->warps[w]->arrive_and_wait();
   T y;
-  std::memcpy(&y, ex + (lane ^ static_cast<unsigned>(offset)), 4);
+  std::memcpy(&y, ex + source(lane), 4);
   current->warps[w]->arrive_and_wait();
   return y;
 }
 
 template <class T>
+T shfl_xor(T x, int offset) {
+  return exchange(x, [offset](unsigned lane) { return lane ^ static_cast<unsigned>(offset); });
+}
+
+// Lanes below delta keep their own value, as on the device.
+template <class T>
 T shfl_up(T x, unsigned delta) {
-  static_assert(sizeof(T) == 4, "32-bit shuffles only");
-  const unsigned t = thread_idx.x, w = t / 32, lane = t % 32;
-  float* ex = current->exchange.data() + static_cast<std::size_t>(w) * 32;
-  std::memcpy(ex + lane, &x, 4);
-  current->warps[w]->arrive_and_wait();
-  T y = x;  // lanes below delta keep their own value, as on the device
-  if (lane >= delta) std::memcpy(&y, ex + (lane - delta), 4);
-  current->warps[w]->arrive_and_wait();
-  return y;
+  return exchange(x, [delta](unsigned lane) { return lane >= delta ? lane - delta : lane; });
 }
 
 inline unsigned ballot(bool pred) {
