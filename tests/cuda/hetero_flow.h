@@ -76,7 +76,7 @@ void top_k(Backend& be) {
           data.push_back(row(n, kind));
           k.push_back(std::max(kk, 0));
         }
-    } else {  // long rows cost the emulation a barrier per 256 entries: a few
+    } else {  // long rows cost the emulation two barriers per 2,048 entries: a few
       data.push_back(row(n, 1));
       k.push_back(2048);
       data.push_back(row(n, 3));
