@@ -163,7 +163,8 @@ enum ChessLevel : int { kGridLevel = 0, kChunkLevel = 1, kPageLevel = 2 };
 // one level, after its parent level was selected. Only units whose parent is
 // active are scored: the rule zeroes the others' scores (S' = S * active),
 // so theirs are set to 0 without reading their rows -- with "moderate"
-// ratios, 44% of the pages and 20% of the chunks.
+// ratios about 20% of the chunks and 30-44% of the pages (the zeroed scores
+// below all others or among them).
 __global__ void __launch_bounds__(kChessThreads)
     chess_score_kernel(ChessView v, const std::int32_t* tokens, int level) {
   const ChessDeviceBatch& b = v.b;
