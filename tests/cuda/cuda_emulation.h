@@ -8,6 +8,13 @@
 // that share memory is a reported race, as compute-sanitizer's racecheck
 // reports it on a GPU.
 //
+// Asynchronous copies (cp.async) are queued per thread in commit groups and
+// performed at the latest moment the model allows, the thread's wait for
+// them: a read of staged data before its wait sees what was there before.
+// With eager_copies, each is performed as it is issued instead: a copy issued
+// into memory other threads still read is then a race ThreadSanitizer reports
+// (the device may land it that early).
+//
 // Not emulated: warp-synchronous execution without a barrier (the kernels
 // never rely on it), memory spaces (device pointers are host pointers here),
 // and floating-point differences of the device (expf is the host's).
@@ -18,11 +25,14 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <thread>
 #include <vector>
 
+#define KVCAL_CUDA_EMULATION 1
 #define __global__
 #define __device__
 #define __host__
@@ -47,6 +57,50 @@ struct Launch {
 
 inline thread_local Dim3 thread_idx, block_idx, block_dim;
 inline Launch* current = nullptr;  // one launch at a time
+
+// cp.async of one 32-bit word, its commit groups and waits (per thread, as
+// on the device). The copies of a group are done when a wait no longer
+// allows the group to be pending.
+struct AsyncCopies {
+  struct Copy {
+    std::uint32_t* dst;
+    const std::uint32_t* src;
+  };
+  std::vector<std::vector<Copy>> committed;  // oldest first
+  std::vector<Copy> open;                    // issued since the last commit
+};
+inline thread_local AsyncCopies async_copies;
+inline bool eager_copies = false;  // set between launches only
+
+inline void async_copy(std::uint32_t* dst, const std::uint32_t* src) {
+  if (eager_copies)
+    *dst = *src;
+  else
+    async_copies.open.push_back({dst, src});
+}
+inline void async_commit() {
+  async_copies.committed.push_back(std::move(async_copies.open));
+  async_copies.open.clear();
+}
+// cp.async.wait_group n: every group but the n most recently committed is done.
+inline void async_wait(std::size_t n) {
+  auto& c = async_copies.committed;
+  while (c.size() > n) {
+    for (const auto& x : c.front()) *x.dst = *x.src;
+    c.erase(c.begin());
+  }
+}
+// cp.async.wait_all: every copy issued, committed or not.
+inline void async_wait_all() {
+  async_commit();
+  async_wait(0);
+}
+// Whether no copy is in flight (empty groups may be pending, as on the device).
+inline bool async_idle() {
+  for (const auto& g : async_copies.committed)
+    if (!g.empty()) return false;
+  return async_copies.open.empty();
+}
 
 inline void syncthreads() { current->block->arrive_and_wait(); }
 
@@ -107,6 +161,14 @@ void launch(unsigned grid, unsigned threads, std::size_t shared_bytes, Body body
           block_idx.x = b;
           block_idx.y = by;
           body();
+          // A kernel that leaves copies in flight reads what it staged
+          // before it landed, or not at all.
+          const bool idle = async_idle();
+          async_copies = AsyncCopies{};
+          if (!idle) {
+            std::fputs("cuda emulation: a thread ended its block with asynchronous copies in flight\n", stderr);
+            std::abort();
+          }
           syncthreads();  // the block ends before the next one starts
         }
     });

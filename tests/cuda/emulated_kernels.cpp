@@ -158,11 +158,20 @@ TEST(HexCudaEmulated, FlowMatchesTheHostExecutor) {
 }
 
 // The shapes ThreadSanitizer runs (scripts/test.sh): each kernel path once
-// (codes with entries and kept rows, fp16 pages, residual rows, splits).
+// (codes with entries and kept rows, fp16 pages, residual rows, splits,
+// items of several pages),
+// with the staging copies landing as late as the kernels allow (a missing
+// wait reads stale data: the outputs differ) and as early (a copy issued
+// into a stage still being read: a race).
 TEST(HexCudaEmulated, SmallFlowForRaceChecks) {
   Emulated emu;
-  run_flow({"hex3", 2, 4, 64, 8, {3, 13}, 5, 1}, emu);
-  run_flow({"fp16", 1, 2, 32, 8, {9}, 2, 0}, emu);
+  for (const bool eager : {false, true}) {
+    SCOPED_TRACE(eager ? "copies land when issued" : "copies land at their wait");
+    emu::eager_copies = eager;
+    run_flow({"hex3", 2, 4, 64, 8, {3, 29}, 5, 2}, emu);  // items of two pages, the second with the residual
+    run_flow({"fp16", 1, 2, 32, 8, {9}, 2, 0}, emu);
+  }
+  emu::eager_copies = false;
 }
 
 TEST(ChessCudaEmulated, HexDecodeOverTheSelectedBlocks) {

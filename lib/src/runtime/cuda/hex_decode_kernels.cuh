@@ -2,20 +2,23 @@
 // emulation (tests/cuda/emulated_kernels.cpp); see kernels_common.cuh.
 // Include after <cuda_runtime.h> (nvcc) or tests/cuda/cuda_emulation.h.
 //
-// A work item walks its pages one after another. Per page, the thread block
-//  1. copies the key side of the page (kept indices, kept rows, codes,
-//     parameters, expander entries) into shared memory with coalesced 32-bit
-//     loads, rows padded to an odd number of words so that one thread per row
-//     reads them without bank conflicts;
+// A work item walks its pages one after another. Each side of a page (key:
+// kept indices, kept rows, codes, parameters, expander entries; value: kept
+// rows, codes, parameters, entries) is copied into its own shared-memory stage
+// with asynchronous 32-bit copies, rows padded to an odd number of words so
+// that one thread per row reads them without bank conflicts, one unit ahead:
+// a page's value side lands while it is scored, the next page's key side while
+// its values are accumulated. Per page, the thread block
+//  1. waits for the key side;
 //  2. scores every token of the query group, one thread per quantized row, then
 //     one per kept row (no divergence between the two but in one warp): codes
 //     widened 32 at a time with compile-time shifts, the query terms read as
 //     broadcast 16-byte loads;
-//  3. copies the value side of the page into the same buffer while the running
-//     maximum is updated, then the weights, and per-row weights w = p delta;
+//  3. starts the next key side, updates the running maximum, waits for the
+//     value side, then the weights, and per-row weights w = p delta;
 //  4. accumulates the values, one thread per channel over the quantized rows
 //     (sum of w x code, plus sum of p min once), then the kept rows, then the
-//     expander entries' corrections.
+//     expander entries' corrections; then starts the next value side.
 // The residual rows (the request's partial block) are read in place.
 #pragma once
 
@@ -30,7 +33,10 @@
 namespace kvcal::runtime::cuda::kernels {
 
 constexpr int kDecodeThreads = 128;
-constexpr int kDecodeBlocksPerSm = 6;  // registers for 6 resident blocks: loads of 6 pages in flight per SM
+// Registers for 5 resident blocks per SM, each with one page side in flight
+// while it computes on the other. (At 6, 80 registers a thread, the staging
+// one unit ahead spills 56-112 bytes at most group sizes; at 5, 16 at most.)
+constexpr int kDecodeBlocksPerSm = 5;
 constexpr int kMaxGroup = 8;
 constexpr int kMaxHeadDim = 128;
 
@@ -97,11 +103,11 @@ struct DecodeShared {
   std::int32_t *qt, *kt, *tq;   // quantized row -> token, kept row -> token, token -> quantized row or -1
   std::int32_t *col_ptr, *col;  // the mask by column: entries (t << 8 | e) of channel c at [col_ptr[c], col_ptr[c + 1])
   std::int32_t* mask;           // the mask's columns, [nb][d1]
-  std::uint32_t* stage;
+  std::uint32_t *kstage, *vstage;  // a page's key side; its value side (StageLayout each)
   __host__ __device__ static std::size_t bytes(const HexPageGeometry& g) {
     const std::size_t d = g.head_dim, nb = g.block, d1 = g.bits == 0 ? 0 : g.mask_degree;
     return (2 * d * Gp + 2 * nb * Gp + d + G * d + G * nb + 5 * G + 3 * nb + d + 1 + 2 * nb * d1 +
-            StageLayout(g).words) *
+            2 * static_cast<std::size_t>(StageLayout(g).words)) *
            4;
   }
   __device__ DecodeShared(unsigned char* s, const HexPageGeometry& g) {
@@ -124,23 +130,46 @@ struct DecodeShared {
     col_ptr = tq + nb;
     col = col_ptr + d + 1;
     mask = col + nb * (g.bits == 0 ? 0 : g.mask_degree);
-    stage = reinterpret_cast<std::uint32_t*>(mask + nb * (g.bits == 0 ? 0 : g.mask_degree));
+    kstage = reinterpret_cast<std::uint32_t*>(mask + nb * (g.bits == 0 ? 0 : g.mask_degree));
+    vstage = kstage + StageLayout(g).words;
   }
 };
 
-// One 32-bit word global -> shared without a register round trip: every copy
-// of a stage is in flight at once (cp.async), then copy_wait() and a barrier.
+// One 32-bit word global -> shared without a register round trip
+// (cp.async): copies are issued, committed as a group (copy_commit), and
+// waited for (copy_wait_prior<n>: all but the n most recent groups; copy_wait:
+// all), then a barrier makes them visible to the block. Devices before sm_80
+// copy at once.
 __device__ inline void copy_word(std::uint32_t* dst, const std::uint32_t* src) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
   const auto s = static_cast<unsigned>(__cvta_generic_to_shared(dst));
   asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(s), "l"(src) : "memory");
+#elif defined(KVCAL_CUDA_EMULATION)
+  ::kvcal::emu::async_copy(dst, src);
 #else
   *dst = *src;
+#endif
+}
+__device__ inline void copy_commit() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.commit_group;\n" ::: "memory");
+#elif defined(KVCAL_CUDA_EMULATION)
+  ::kvcal::emu::async_commit();
+#endif
+}
+template <int N>
+__device__ inline void copy_wait_prior() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+#elif defined(KVCAL_CUDA_EMULATION)
+  ::kvcal::emu::async_wait(N);
 #endif
 }
 __device__ inline void copy_wait() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
   asm volatile("cp.async.wait_all;\n" ::: "memory");
+#elif defined(KVCAL_CUDA_EMULATION)
+  ::kvcal::emu::async_wait_all();
 #endif
 }
 
@@ -253,6 +282,60 @@ __global__ void __launch_bounds__(kDecodeThreads, kDecodeBlocksPerSm)
   const StageLayout lay(g);
 
   const float* qh = q + (static_cast<std::int64_t>(i) * QH + h * G) * d;
+  const int R = item.with_residual ? A.residual_rows[i] : 0;
+  const int units = item.blocks + (R > 0 ? 1 : 0);
+  // Page u of the item (u < item.blocks).
+  const auto page = [&](int u) {
+    const std::int32_t id = A.page_indices[A.page_indptr[i] + (item.first_block + u) * H + h];
+    return hex_page_view(g, L.pages + static_cast<std::int64_t>(id) * g.page_bytes(), L.mask);
+  };
+  // The two sides of a page are staged one unit ahead: the key side of unit
+  // u + 1 is copied while unit u's values are computed, its value side while
+  // unit u + 1 is scored. Each call commits one group of copies (empty past
+  // the pages), so that the groups go K0 V0 K1 V1 ... and "all but the most
+  // recent group" is always the side about to be used.
+  const auto stage_keys = [&](int u) {
+    if (u < item.blocks) {
+      const HexBlockView b = page(u);
+      const int K = b.bits == 0 ? b.tokens : b.kept_rows, Q = b.tokens - K;
+      stage_rows(S.kstage + lay.kept, lay.kept_stride, reinterpret_cast<const std::uint8_t*>(b.k_kept), K, 2 * d, tid,
+                 nt);
+      if (b.bits != 0) {
+        stage_rows(S.kstage + lay.index, 0, reinterpret_cast<const std::uint8_t*>(b.kept_index), 1, 2 * K, tid, nt);
+        if (Q > 0) {
+          stage_rows(S.kstage + lay.codes, lay.code_stride, b.k_codes, Q, b.row_bytes, tid, nt);
+          stage_rows(S.kstage + lay.params, 0, reinterpret_cast<const std::uint8_t*>(b.k_params), 1, 4 * d, tid, nt);
+          stage_rows(S.kstage + lay.sparse, 0, reinterpret_cast<const std::uint8_t*>(b.k_sparse), 1,
+                     2 * Q * b.mask_degree, tid, nt);
+        }
+      }
+    }
+    copy_commit();
+  };
+  const auto stage_values = [&](int u) {
+    if (u < item.blocks) {
+      const HexBlockView b = page(u);
+      const int K = b.bits == 0 ? b.tokens : b.kept_rows, Q = b.tokens - K;
+      stage_rows(S.vstage + lay.kept, lay.kept_stride, reinterpret_cast<const std::uint8_t*>(b.v_kept), K, 2 * d, tid,
+                 nt);
+      if (b.bits != 0 && Q > 0) {
+        stage_rows(S.vstage + lay.codes, lay.code_stride, b.v_codes, Q, b.row_bytes, tid, nt);
+        stage_rows(S.vstage + lay.params, 0, reinterpret_cast<const std::uint8_t*>(b.v_params), 1, 4 * Q, tid, nt);
+        stage_rows(S.vstage + lay.sparse, 0, reinterpret_cast<const std::uint8_t*>(b.v_sparse), 1,
+                   2 * Q * b.mask_degree, tid, nt);
+      }
+    }
+    copy_commit();
+  };
+  // The shared mask by column (the same for every page): each channel's
+  // entries, for the value pass to add their corrections without atomics.
+  // Its copy is the first group; the first page's two sides follow it.
+  const int md = g.bits != 0 && L.mask ? g.mask_degree : 0;
+  for (int x = tid; x < nb * md; x += nt)
+    copy_word(reinterpret_cast<std::uint32_t*>(S.mask + x), reinterpret_cast<const std::uint32_t*>(L.mask + x));
+  copy_commit();
+  stage_keys(0);
+  stage_values(0);
   for (int x = tid; x < d * Gp; x += nt) {
     const int c = x / Gp, j = x % Gp;
     S.qs[x] = j < G ? scale * qh[j * d + c] : 0.0f;
@@ -262,13 +345,8 @@ __global__ void __launch_bounds__(kDecodeThreads, kDecodeBlocksPerSm)
     S.m[tid] = -INFINITY;
     S.l[tid] = 0.0f;
   }
-  // The shared mask by column (the same for every page): each channel's
-  // entries, for the value pass to add their corrections without atomics.
-  const int md = g.bits != 0 && L.mask ? g.mask_degree : 0;
   if (md > 0) {
-    for (int x = tid; x < nb * md; x += nt)
-      copy_word(reinterpret_cast<std::uint32_t*>(S.mask + x), reinterpret_cast<const std::uint32_t*>(L.mask + x));
-    copy_wait();
+    copy_wait_prior<2>();  // the mask
     __syncthreads();
     for (int c = tid; c < d; c += nt) {
       int n_c = 0;
@@ -287,9 +365,6 @@ __global__ void __launch_bounds__(kDecodeThreads, kDecodeBlocksPerSm)
         if (S.mask[x] == c) S.col[at++] = (x / md) << 8 | (x % md);
     }
   }
-  __syncthreads();
-  const int R = item.with_residual ? A.residual_rows[i] : 0;
-  const int units = item.blocks + (R > 0 ? 1 : 0);
   for (int u = 0; u < units; ++u) {
     const bool is_res = u == item.blocks;
     HexBlockView b;
@@ -297,10 +372,9 @@ __global__ void __launch_bounds__(kDecodeThreads, kDecodeBlocksPerSm)
     const half_bits* kk;  // kept key rows: staged (pages) or in place (residual)
     int kk_stride;        // in halves
     if (!is_res) {
-      const std::int32_t id = A.page_indices[A.page_indptr[i] + (item.first_block + u) * H + h];
-      b = hex_page_view(g, L.pages + static_cast<std::int64_t>(id) * g.page_bytes(), L.mask);
+      b = page(u);
       n = nb;
-      kk = reinterpret_cast<const half_bits*>(S.stage + lay.kept);
+      kk = reinterpret_cast<const half_bits*>(S.kstage + lay.kept);
       kk_stride = 2 * lay.kept_stride;
     } else {  // the residual rows: an all-kept fp16 block
       const std::uint8_t* base = L.residual + static_cast<std::int64_t>(A.residual_page[i]) * g.residual_bytes(H);
@@ -317,22 +391,9 @@ __global__ void __launch_bounds__(kDecodeThreads, kDecodeBlocksPerSm)
     const int K = b.bits == 0 ? n : b.kept_rows, Q = n - K, bits = b.bits;
     const int d1 = bits != 0 ? b.mask_degree : 0;
     const bool coded = bits != 0 && Q > 0;
-    const auto* index = reinterpret_cast<const std::uint16_t*>(S.stage + lay.index);
-    // 1. The key side into shared memory.
-    if (!is_res) {
-      stage_rows(S.stage + lay.kept, lay.kept_stride, reinterpret_cast<const std::uint8_t*>(b.k_kept), K, 2 * d, tid,
-                 nt);
-      if (bits != 0) {
-        stage_rows(S.stage + lay.index, 0, reinterpret_cast<const std::uint8_t*>(b.kept_index), 1, 2 * K, tid, nt);
-        if (coded) {
-          stage_rows(S.stage + lay.codes, lay.code_stride, b.k_codes, Q, b.row_bytes, tid, nt);
-          stage_rows(S.stage + lay.params, 0, reinterpret_cast<const std::uint8_t*>(b.k_params), 1, 4 * d, tid, nt);
-          stage_rows(S.stage + lay.sparse, 0, reinterpret_cast<const std::uint8_t*>(b.k_sparse), 1, 2 * Q * d1, tid,
-                     nt);
-        }
-      }
-    }
-    copy_wait();
+    const auto* index = reinterpret_cast<const std::uint16_t*>(S.kstage + lay.index);
+    // 1. The key side, staged (only the value side may still be in flight).
+    copy_wait_prior<1>();
     __syncthreads();
     // Which token each quantized and each kept row is.
     for (int t = tid; t < n; t += nt) {
@@ -351,7 +412,7 @@ __global__ void __launch_bounds__(kDecodeThreads, kDecodeBlocksPerSm)
         S.tq[t] = t - r;
       }
     }
-    const auto* kpar = reinterpret_cast<const QuantParams*>(S.stage + lay.params);
+    const auto* kpar = reinterpret_cast<const QuantParams*>(S.kstage + lay.params);
     if (coded)
       for (int x = tid; x < d * Gp; x += nt) {
         const int c = x / Gp, j = x % Gp;
@@ -369,7 +430,7 @@ __global__ void __launch_bounds__(kDecodeThreads, kDecodeBlocksPerSm)
       }
     __syncthreads();
     // 2. Scores: quantized rows, then kept rows.
-    const auto* ks = reinterpret_cast<const half_bits*>(S.stage + lay.sparse);
+    const auto* ks = reinterpret_cast<const half_bits*>(S.kstage + lay.sparse);
     for (int x = tid; x < n; x += nt) {
       float s[G];
       int t;
@@ -377,7 +438,7 @@ __global__ void __launch_bounds__(kDecodeThreads, kDecodeBlocksPerSm)
         t = S.qt[x];
 #pragma unroll
         for (int j = 0; j < G; ++j) s[j] = S.bias[j];
-        score_codes<G>(S.stage + lay.codes + x * lay.code_stride, bits, d, S.qd, s);
+        score_codes<G>(S.kstage + lay.codes + x * lay.code_stride, bits, d, S.qd, s);
         for (int e = 0; e < d1; ++e) {  // expander entries: x replaces min_c
           const int c = S.mask[t * d1 + e];
           axpy_group<G>(S.qs + c * Gp, h2f(ks[x * d1 + e]) - S.kmin[c], s);
@@ -396,16 +457,10 @@ __global__ void __launch_bounds__(kDecodeThreads, kDecodeBlocksPerSm)
         for (int j = 0; j < G; ++j) A.res_scores[(static_cast<std::int64_t>(i) * QH + h * G + j) * nb + t] = s[j];
     }
     __syncthreads();
-    // 3. The value side into shared memory, the running maximum meanwhile.
-    if (!is_res) {
-      stage_rows(S.stage + lay.kept, lay.kept_stride, reinterpret_cast<const std::uint8_t*>(b.v_kept), K, 2 * d, tid,
-                 nt);
-      if (coded) {
-        stage_rows(S.stage + lay.codes, lay.code_stride, b.v_codes, Q, b.row_bytes, tid, nt);
-        stage_rows(S.stage + lay.params, 0, reinterpret_cast<const std::uint8_t*>(b.v_params), 1, 4 * Q, tid, nt);
-        stage_rows(S.stage + lay.sparse, 0, reinterpret_cast<const std::uint8_t*>(b.v_sparse), 1, 2 * Q * d1, tid, nt);
-      }
-    }
+    // 3. The next unit's key side into the stage just read; the running
+    // maximum; this unit's value side, staged (only the next key side may
+    // still be in flight).
+    stage_keys(u + 1);
     for (int j = warp; j < G; j += warps) {
       float mx = -INFINITY;
       for (int t = lane; t < n; t += 32) mx = fmaxf(mx, S.p[j * nb + t]);
@@ -416,7 +471,7 @@ __global__ void __launch_bounds__(kDecodeThreads, kDecodeBlocksPerSm)
         S.m[j] = nm;
       }
     }
-    copy_wait();
+    copy_wait_prior<1>();
     __syncthreads();
     for (int x = tid; x < G * n; x += nt) {
       const int j = x / n, t = x % n;
@@ -426,7 +481,7 @@ __global__ void __launch_bounds__(kDecodeThreads, kDecodeBlocksPerSm)
     __syncthreads();
     // Weights per row: w = p delta for quantized rows (their sum of p min
     // added to every channel once), p for kept rows.
-    const auto* vpar = reinterpret_cast<const QuantParams*>(S.stage + lay.params);
+    const auto* vpar = reinterpret_cast<const QuantParams*>(S.vstage + lay.params);
     for (int j = warp; j < G; j += warps) {
       float s = 0.0f, sm = 0.0f;
       for (int t = lane; t < n; t += 32) s += S.p[j * nb + t];
@@ -458,7 +513,7 @@ __global__ void __launch_bounds__(kDecodeThreads, kDecodeBlocksPerSm)
         const int bit = c * bits, byte = bit >> 3, sh = bit & 7;
         const bool two = sh + bits > 8;
         const unsigned mask = (1u << bits) - 1u;
-        const auto* base = reinterpret_cast<const std::uint8_t*>(S.stage + lay.codes) + byte;
+        const auto* base = reinterpret_cast<const std::uint8_t*>(S.vstage + lay.codes) + byte;
         const int stride = 4 * lay.code_stride;
         for (int x = lt; x < Q; x += lanes) {
           const std::uint8_t* p8 = base + x * stride;
@@ -467,12 +522,12 @@ __global__ void __launch_bounds__(kDecodeThreads, kDecodeBlocksPerSm)
           axpy_group<G>(S.wq + x * Gp, code_float((word >> sh) & mask), a);
         }
       }
-      const half_bits* vrows = is_res ? b.v_kept : reinterpret_cast<const half_bits*>(S.stage + lay.kept);
+      const half_bits* vrows = is_res ? b.v_kept : reinterpret_cast<const half_bits*>(S.vstage + lay.kept);
       const int vstride = is_res ? d : 2 * lay.kept_stride;
       for (int r = lt; r < K; r += lanes)
         axpy_group<G>(S.pk + r * Gp, h2f(vrows[static_cast<std::int64_t>(r) * vstride + c]), a);
       if (d1 > 0 && coded) {  // expander entries of channel c: the true value replaces min
-        const auto* vs = reinterpret_cast<const half_bits*>(S.stage + lay.sparse);
+        const auto* vs = reinterpret_cast<const half_bits*>(S.vstage + lay.sparse);
         for (int x = S.col_ptr[c] + lt; x < S.col_ptr[c + 1]; x += lanes) {
           const int t = S.col[x] >> 8, e = S.col[x] & 0xff, row = t < n ? S.tq[t] : -1;
           if (row < 0) continue;
@@ -490,6 +545,7 @@ __global__ void __launch_bounds__(kDecodeThreads, kDecodeBlocksPerSm)
       }
     }
     __syncthreads();
+    stage_values(u + 1);  // into the stage just read
   }
   const std::int64_t slot = A.split_indptr[i] + item.split;
   for (int x = tid; x < G * d; x += nt) A.part_acc[(slot * QH + h * G) * d + x] = S.acc[x];
