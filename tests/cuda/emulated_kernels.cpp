@@ -14,6 +14,7 @@
 #include <cstdint>
 #include <cstring>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "chess_flow.h"
@@ -46,6 +47,7 @@ struct HostBuffer {
 // The kernels launched as the library's launchers launch them, on host memory.
 struct Emulated {
   static constexpr bool emulated = true;
+  int decode_stages = 2;  // the decode's page stages: 2, or 1 where two do not fit (see hex_run_decode)
   HostBuffer alloc(std::size_t n) { return HostBuffer(n); }
   HostBuffer host_alloc(std::size_t n) { return HostBuffer(n); }
   // CHESS kernels, launched as chess.cu launches them.
@@ -136,8 +138,9 @@ struct Emulated {
     a.q_heads = q_heads;
     kk::with_group(q_heads / L.kv_heads, [&](auto group) {
       constexpr int G = decltype(group)::value;
-      emu::launch(static_cast<unsigned>(a.n_items), kk::kDecodeThreads, kk::DecodeShared<G>::bytes(L.geometry),
-                  [&] { kk::hex_decode_kernel<G>(L, a, q, scale, observe); });
+      emu::launch(static_cast<unsigned>(a.n_items), kk::kDecodeThreads,
+                  kk::DecodeShared<G>::bytes(L.geometry, decode_stages),
+                  [&] { kk::hex_decode_kernel<G>(L, a, q, scale, observe, decode_stages); });
     });
     emu::launch(static_cast<unsigned>(a.requests * L.kv_heads), kk::kDecodeThreads, 0,
                 [&] { kk::hex_merge_kernel(L, a, out, observe); });
@@ -162,15 +165,18 @@ TEST(HexCudaEmulated, FlowMatchesTheHostExecutor) {
 // items of several pages),
 // with the staging copies landing as late as the kernels allow (a missing
 // wait reads stale data: the outputs differ) and as early (a copy issued
-// into a stage still being read: a race).
+// into a stage still being read: a race), with two page stages and with one.
 TEST(HexCudaEmulated, SmallFlowForRaceChecks) {
   Emulated emu;
-  for (const bool eager : {false, true}) {
-    SCOPED_TRACE(eager ? "copies land when issued" : "copies land at their wait");
-    emu::eager_copies = eager;
-    run_flow({"hex3", 2, 4, 64, 8, {3, 29}, 5, 2}, emu);  // items of two pages, the second with the residual
-    run_flow({"fp16", 1, 2, 32, 8, {9}, 2, 0}, emu);
-  }
+  for (const int stages : {2, 1})
+    for (const bool eager : {false, true}) {
+      SCOPED_TRACE(std::to_string(stages) +
+                   (eager ? " stages, copies land when issued" : " stages, copies land at their wait"));
+      emu.decode_stages = stages;
+      emu::eager_copies = eager;
+      run_flow({"hex3", 2, 4, 64, 8, {3, 29}, 5, 2}, emu);  // items of two pages, the second with the residual
+      run_flow({"fp16", 1, 2, 32, 8, {9}, 2, 0}, emu);
+    }
   emu::eager_copies = false;
 }
 

@@ -141,11 +141,12 @@ TEST(HexCuda, FlowMatchesTheHostExecutor) {
     }
 }
 
-// The shapes compute-sanitizer runs (scripts/gpu_check.sh): each kernel path once.
+// The shapes compute-sanitizer runs (scripts/gpu_check.sh): each kernel path once,
+// items of several pages among them (the decode's staging one page side ahead).
 TEST(HexCuda, SmallFlowForSanitizers) {
   SKIP_WITHOUT_GPU();
   Gpu gpu;
-  run_flow({"hex3", 2, 4, 64, 8, {3, 13}, 5, 1}, gpu);
+  run_flow({"hex3", 2, 4, 64, 8, {3, 29}, 5, 2}, gpu);
   run_flow({"fp16", 1, 2, 32, 8, {9}, 2, 0}, gpu);
 }
 
@@ -157,6 +158,15 @@ TEST(HexCuda, BlockCountsAroundPowersOfTwoAndLongContexts) {
   run_flow({"hex3", 8, 4, 128, 96, {32768}, 2, 0}, gpu);
   run_flow({"hex2", 1, 8, 64, 96, {32768, 5}, 2, 16}, gpu);
   run_flow({"fp16", 2, 8, 128, 96, {32768}, 2, 0}, gpu);
+}
+
+// Pages whose two stages do not fit in a block's shared memory (fp16 pages
+// of 448 tokens at head_dim 128: 116 KB a side) are decoded with one stage,
+// each side copied when the other is used up.
+TEST(HexCuda, LargePagesDecodeWithOneStage) {
+  SKIP_WITHOUT_GPU();
+  Gpu gpu;
+  run_flow({"fp16", 1, 1, 128, 448, {1000, 448}, 3, 0}, gpu);
 }
 
 TEST(ChessCuda, HexDecodeOverTheSelectedBlocks) {

@@ -104,12 +104,19 @@ void hex_run_decode(const HexDeviceLayer& L, const HexDecodeArgs& a, const float
   if (a.n_items == 0) return;
   with_group(a.q_heads / L.kv_heads, [&](auto group) {
     constexpr int G = decltype(group)::value;
-    const std::size_t shared = DecodeShared<G>::bytes(g);
+    // Two stages (a page side in flight while the other is used) where they
+    // fit, else one.
+    int stages = 2;
+    std::size_t shared = DecodeShared<G>::bytes(g, stages);
     if (shared > 48 * 1024) {  // above the default: opt in, up to what the device allows
       int device = 0, most = 0;
       detail::check(cudaGetDevice(&device), "hex CUDA decode: cudaGetDevice");
       detail::check(cudaDeviceGetAttribute(&most, cudaDevAttrMaxSharedMemoryPerBlockOptin, device),
                     "hex CUDA decode: cudaDeviceGetAttribute");
+      if (shared > static_cast<std::size_t>(most)) {
+        stages = 1;
+        shared = DecodeShared<G>::bytes(g, stages);
+      }
       if (shared > static_cast<std::size_t>(most))
         throw Error("hex CUDA decode: a block of " + std::to_string(g.block) + " tokens needs " +
                     std::to_string(shared) + " bytes of shared memory, above the device's " + std::to_string(most));
@@ -117,7 +124,7 @@ void hex_run_decode(const HexDeviceLayer& L, const HexDecodeArgs& a, const float
                                          static_cast<int>(shared)),
                     "hex CUDA decode: cudaFuncSetAttribute");
     }
-    hex_decode_kernel<G><<<a.n_items, kDecodeThreads, shared, stream>>>(L, a, q, scale, observe);
+    hex_decode_kernel<G><<<a.n_items, kDecodeThreads, shared, stream>>>(L, a, q, scale, observe, stages);
     detail::check_launch("hex_decode_kernel");
   });
   hex_merge_kernel<<<a.requests * L.kv_heads, kDecodeThreads, 0, stream>>>(L, a, out, observe);

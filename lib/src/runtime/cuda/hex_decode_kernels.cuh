@@ -103,14 +103,16 @@ struct DecodeShared {
   std::int32_t *qt, *kt, *tq;   // quantized row -> token, kept row -> token, token -> quantized row or -1
   std::int32_t *col_ptr, *col;  // the mask by column: entries (t << 8 | e) of channel c at [col_ptr[c], col_ptr[c + 1])
   std::int32_t* mask;           // the mask's columns, [nb][d1]
-  std::uint32_t *kstage, *vstage;  // a page's key side; its value side (StageLayout each)
-  __host__ __device__ static std::size_t bytes(const HexPageGeometry& g) {
+  // A page's key side; its value side (StageLayout each): two stages, or
+  // one for both (vstage == kstage) where two do not fit.
+  std::uint32_t *kstage, *vstage;
+  __host__ __device__ static std::size_t bytes(const HexPageGeometry& g, int stages = 2) {
     const std::size_t d = g.head_dim, nb = g.block, d1 = g.bits == 0 ? 0 : g.mask_degree;
     return (2 * d * Gp + 2 * nb * Gp + d + G * d + G * nb + 5 * G + 3 * nb + d + 1 + 2 * nb * d1 +
-            2 * static_cast<std::size_t>(StageLayout(g).words)) *
+            static_cast<std::size_t>(stages) * StageLayout(g).words) *
            4;
   }
-  __device__ DecodeShared(unsigned char* s, const HexPageGeometry& g) {
+  __device__ DecodeShared(unsigned char* s, const HexPageGeometry& g, int stages) {
     const int d = g.head_dim, nb = g.block;
     qs = reinterpret_cast<float*>(s);
     qd = qs + d * Gp;
@@ -131,7 +133,7 @@ struct DecodeShared {
     col = col_ptr + d + 1;
     mask = col + nb * (g.bits == 0 ? 0 : g.mask_degree);
     kstage = reinterpret_cast<std::uint32_t*>(mask + nb * (g.bits == 0 ? 0 : g.mask_degree));
-    vstage = kstage + StageLayout(g).words;
+    vstage = stages == 2 ? kstage + StageLayout(g).words : kstage;
   }
 };
 
@@ -271,14 +273,14 @@ __device__ inline void score_halves(const half_bits* row, int d, const float* qs
 
 template <int G>
 __global__ void __launch_bounds__(kDecodeThreads, kDecodeBlocksPerSm)
-    hex_decode_kernel(HexDeviceLayer L, HexDecodeArgs A, const float* q, float scale, bool observe) {
+    hex_decode_kernel(HexDeviceLayer L, HexDecodeArgs A, const float* q, float scale, bool observe, int stages) {
   constexpr int Gp = kPadded<G>;
   const HexPageGeometry g = L.geometry;
   const int H = L.kv_heads, d = g.head_dim, nb = g.block, QH = A.q_heads;
   const int tid = threadIdx.x, nt = blockDim.x, warp = tid / 32, lane = tid % 32, warps = nt / 32;
   const HexDecodeItem item = A.items[blockIdx.x];
   const int i = item.request, h = item.head;
-  const DecodeShared<G> S(dynamic_shared(), g);
+  const DecodeShared<G> S(dynamic_shared(), g, stages);
   const StageLayout lay(g);
 
   const float* qh = q + (static_cast<std::int64_t>(i) * QH + h * G) * d;
@@ -289,11 +291,20 @@ __global__ void __launch_bounds__(kDecodeThreads, kDecodeBlocksPerSm)
     const std::int32_t id = A.page_indices[A.page_indptr[i] + (item.first_block + u) * H + h];
     return hex_page_view(g, L.pages + static_cast<std::int64_t>(id) * g.page_bytes(), L.mask);
   };
-  // The two sides of a page are staged one unit ahead: the key side of unit
-  // u + 1 is copied while unit u's values are computed, its value side while
-  // unit u + 1 is scored. Each call commits one group of copies (empty past
-  // the pages), so that the groups go K0 V0 K1 V1 ... and "all but the most
-  // recent group" is always the side about to be used.
+  // With two stages, the sides of a page are staged one unit ahead: the key
+  // side of unit u + 1 is copied while unit u's values are computed, its
+  // value side while unit u + 1 is scored. Each call commits one group of
+  // copies (empty past the pages), so that the groups go K0 V0 K1 V1 ... and
+  // "all but the most recent group" is always the side about to be used.
+  // With one stage, each side is copied when the previous one is used up,
+  // and waited for in full.
+  const bool two = stages == 2;
+  const auto wait_side = [&] {
+    if (two)
+      copy_wait_prior<1>();
+    else
+      copy_wait_prior<0>();
+  };
   const auto stage_keys = [&](int u) {
     if (u < item.blocks) {
       const HexBlockView b = page(u);
@@ -329,13 +340,13 @@ __global__ void __launch_bounds__(kDecodeThreads, kDecodeBlocksPerSm)
   };
   // The shared mask by column (the same for every page): each channel's
   // entries, for the value pass to add their corrections without atomics.
-  // Its copy is the first group; the first page's two sides follow it.
+  // Its copy is the first group; the first page's sides follow it.
   const int md = g.bits != 0 && L.mask ? g.mask_degree : 0;
   for (int x = tid; x < nb * md; x += nt)
     copy_word(reinterpret_cast<std::uint32_t*>(S.mask + x), reinterpret_cast<const std::uint32_t*>(L.mask + x));
   copy_commit();
   stage_keys(0);
-  stage_values(0);
+  if (two) stage_values(0);
   for (int x = tid; x < d * Gp; x += nt) {
     const int c = x / Gp, j = x % Gp;
     S.qs[x] = j < G ? scale * qh[j * d + c] : 0.0f;
@@ -346,7 +357,10 @@ __global__ void __launch_bounds__(kDecodeThreads, kDecodeBlocksPerSm)
     S.l[tid] = 0.0f;
   }
   if (md > 0) {
-    copy_wait_prior<2>();  // the mask
+    if (two)  // the mask
+      copy_wait_prior<2>();
+    else
+      copy_wait_prior<1>();
     __syncthreads();
     for (int c = tid; c < d; c += nt) {
       int n_c = 0;
@@ -393,7 +407,7 @@ __global__ void __launch_bounds__(kDecodeThreads, kDecodeBlocksPerSm)
     const bool coded = bits != 0 && Q > 0;
     const auto* index = reinterpret_cast<const std::uint16_t*>(S.kstage + lay.index);
     // 1. The key side, staged (only the value side may still be in flight).
-    copy_wait_prior<1>();
+    wait_side();
     __syncthreads();
     // Which token each quantized and each kept row is.
     for (int t = tid; t < n; t += nt) {
@@ -457,10 +471,13 @@ __global__ void __launch_bounds__(kDecodeThreads, kDecodeBlocksPerSm)
         for (int j = 0; j < G; ++j) A.res_scores[(static_cast<std::int64_t>(i) * QH + h * G + j) * nb + t] = s[j];
     }
     __syncthreads();
-    // 3. The next unit's key side into the stage just read; the running
-    // maximum; this unit's value side, staged (only the next key side may
-    // still be in flight).
-    stage_keys(u + 1);
+    // 3. The next unit's key side into the stage just read (one stage: this
+    // unit's value side); the running maximum; this unit's value side,
+    // staged (only the next key side may still be in flight).
+    if (two)
+      stage_keys(u + 1);
+    else
+      stage_values(u);
     for (int j = warp; j < G; j += warps) {
       float mx = -INFINITY;
       for (int t = lane; t < n; t += 32) mx = fmaxf(mx, S.p[j * nb + t]);
@@ -471,7 +488,7 @@ __global__ void __launch_bounds__(kDecodeThreads, kDecodeBlocksPerSm)
         S.m[j] = nm;
       }
     }
-    copy_wait_prior<1>();
+    wait_side();
     __syncthreads();
     for (int x = tid; x < G * n; x += nt) {
       const int j = x / n, t = x % n;
@@ -545,7 +562,10 @@ __global__ void __launch_bounds__(kDecodeThreads, kDecodeBlocksPerSm)
       }
     }
     __syncthreads();
-    stage_values(u + 1);  // into the stage just read
+    if (two)  // into the stage just read
+      stage_values(u + 1);
+    else
+      stage_keys(u + 1);
   }
   const std::int64_t slot = A.split_indptr[i] + item.split;
   for (int x = tid; x < G * d; x += nt) A.part_acc[(slot * QH + h * G) * d + x] = S.acc[x];
