@@ -8,8 +8,10 @@
 // with asynchronous 32-bit copies, rows padded to an odd number of words so
 // that one thread per row reads them without bank conflicts, one unit ahead:
 // a page's value side lands while it is scored, the next page's key side while
-// its values are accumulated. Per page, the thread block
-//  1. waits for the key side;
+// its values are accumulated (with one stage where two do not fit, each side
+// is copied when the other is used up). Per page, the thread block
+//  1. waits for the key side, then scales the queries by the key groups' deltas
+//     and sums q . min;
 //  2. scores every token of the query group, one thread per quantized row, then
 //     one per kept row (no divergence between the two but in one warp): codes
 //     widened 32 at a time with compile-time shifts, the query terms read as
@@ -434,11 +436,10 @@ __global__ void __launch_bounds__(kDecodeThreads, kDecodeBlocksPerSm)
         if (j == 0) S.kmin[c] = h2f(pc.min);
         S.qd[x] = S.qs[x] * h2f(pc.delta);
       }
-    __syncthreads();
-    if (coded)
+    if (coded)  // the bias q . min, from the staged parameters (no barrier for kmin)
       for (int j = warp; j < G; j += warps) {
         float s = 0.0f;
-        for (int c = lane; c < d; c += 32) s += S.qs[c * Gp + j] * S.kmin[c];
+        for (int c = lane; c < d; c += 32) s += S.qs[c * Gp + j] * h2f(kpar[c].min);
         s = warp_sum(s);
         if (lane == 0) S.bias[j] = s;
       }
