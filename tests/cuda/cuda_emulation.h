@@ -90,11 +90,6 @@ inline void async_wait(std::size_t n) {
     c.erase(c.begin());
   }
 }
-// cp.async.wait_all: every copy issued, committed or not.
-inline void async_wait_all() {
-  async_commit();
-  async_wait(0);
-}
 // Whether no copy is in flight (empty groups may be pending, as on the device).
 inline bool async_idle() {
   for (const auto& g : async_copies.committed)

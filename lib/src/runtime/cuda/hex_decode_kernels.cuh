@@ -141,9 +141,8 @@ struct DecodeShared {
 
 // One 32-bit word global -> shared without a register round trip
 // (cp.async): copies are issued, committed as a group (copy_commit), and
-// waited for (copy_wait_prior<n>: all but the n most recent groups; copy_wait:
-// all), then a barrier makes them visible to the block. Devices before sm_80
-// copy at once.
+// waited for (copy_wait_prior<n>: all but the n most recent groups), then a
+// barrier makes them visible to the block. Devices before sm_80 copy at once.
 __device__ inline void copy_word(std::uint32_t* dst, const std::uint32_t* src) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
   const auto s = static_cast<unsigned>(__cvta_generic_to_shared(dst));
@@ -167,13 +166,6 @@ __device__ inline void copy_wait_prior() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
 #elif defined(KVCAL_CUDA_EMULATION)
   ::kvcal::emu::async_wait(N);
-#endif
-}
-__device__ inline void copy_wait() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  asm volatile("cp.async.wait_all;\n" ::: "memory");
-#elif defined(KVCAL_CUDA_EMULATION)
-  ::kvcal::emu::async_wait_all();
 #endif
 }
 
@@ -307,39 +299,28 @@ __global__ void __launch_bounds__(kDecodeThreads, kDecodeBlocksPerSm)
     else
       copy_wait_prior<0>();
   };
-  const auto stage_keys = [&](int u) {
+  // One side of page u (u < item.blocks) into its stage: kept rows, and with
+  // codes the kept indices (keys), codes, parameters and expander entries.
+  const auto stage_side = [&](int u, bool key) {
     if (u < item.blocks) {
       const HexBlockView b = page(u);
       const int K = b.bits == 0 ? b.tokens : b.kept_rows, Q = b.tokens - K;
-      stage_rows(S.kstage + lay.kept, lay.kept_stride, reinterpret_cast<const std::uint8_t*>(b.k_kept), K, 2 * d, tid,
-                 nt);
+      std::uint32_t* st = key ? S.kstage : S.vstage;
+      const auto bytes = [](const void* p) { return static_cast<const std::uint8_t*>(p); };
+      stage_rows(st + lay.kept, lay.kept_stride, bytes(key ? b.k_kept : b.v_kept), K, 2 * d, tid, nt);
       if (b.bits != 0) {
-        stage_rows(S.kstage + lay.index, 0, reinterpret_cast<const std::uint8_t*>(b.kept_index), 1, 2 * K, tid, nt);
+        if (key) stage_rows(st + lay.index, 0, bytes(b.kept_index), 1, 2 * K, tid, nt);
         if (Q > 0) {
-          stage_rows(S.kstage + lay.codes, lay.code_stride, b.k_codes, Q, b.row_bytes, tid, nt);
-          stage_rows(S.kstage + lay.params, 0, reinterpret_cast<const std::uint8_t*>(b.k_params), 1, 4 * d, tid, nt);
-          stage_rows(S.kstage + lay.sparse, 0, reinterpret_cast<const std::uint8_t*>(b.k_sparse), 1,
-                     2 * Q * b.mask_degree, tid, nt);
+          stage_rows(st + lay.codes, lay.code_stride, key ? b.k_codes : b.v_codes, Q, b.row_bytes, tid, nt);
+          stage_rows(st + lay.params, 0, bytes(key ? b.k_params : b.v_params), 1, 4 * (key ? d : Q), tid, nt);
+          stage_rows(st + lay.sparse, 0, bytes(key ? b.k_sparse : b.v_sparse), 1, 2 * Q * b.mask_degree, tid, nt);
         }
       }
     }
     copy_commit();
   };
-  const auto stage_values = [&](int u) {
-    if (u < item.blocks) {
-      const HexBlockView b = page(u);
-      const int K = b.bits == 0 ? b.tokens : b.kept_rows, Q = b.tokens - K;
-      stage_rows(S.vstage + lay.kept, lay.kept_stride, reinterpret_cast<const std::uint8_t*>(b.v_kept), K, 2 * d, tid,
-                 nt);
-      if (b.bits != 0 && Q > 0) {
-        stage_rows(S.vstage + lay.codes, lay.code_stride, b.v_codes, Q, b.row_bytes, tid, nt);
-        stage_rows(S.vstage + lay.params, 0, reinterpret_cast<const std::uint8_t*>(b.v_params), 1, 4 * Q, tid, nt);
-        stage_rows(S.vstage + lay.sparse, 0, reinterpret_cast<const std::uint8_t*>(b.v_sparse), 1,
-                   2 * Q * b.mask_degree, tid, nt);
-      }
-    }
-    copy_commit();
-  };
+  const auto stage_keys = [&](int u) { stage_side(u, true); };
+  const auto stage_values = [&](int u) { stage_side(u, false); };
   // The shared mask by column (the same for every page): each channel's
   // entries, for the value pass to add their corrections without atomics.
   // Its copy is the first group; the first page's sides follow it.
