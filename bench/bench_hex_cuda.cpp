@@ -293,18 +293,16 @@ double timed(
   }
 
 // One decode step of the layer's whole batch.
-void decode_step(const Layer& layer) {
+void decode_step(const Layer& layer, kc::DecodeUnits units = kc::DecodeUnits::cuda_cores) {
   kc::hex_run_decode(layer.L, layer.args, static_cast<const float*>(layer.q->p), 1.0f / std::sqrt(float{kDim}),
-                     static_cast<float*>(layer.out->p), false, nullptr);
+                     static_cast<float*>(layer.out->p), false, nullptr, units);
 }
 
-void BM_decode(benchmark::State& state) {
+void decode_bench(benchmark::State& state, int bits, std::int64_t context, int batch, kc::DecodeUnits units) {
   KVCAL_NEED_GPU(state);
-  const int bits = static_cast<int>(state.range(0)), batch = static_cast<int>(state.range(2));
-  const std::int64_t context = state.range(1) * 1024;
   try {
     Layer layer(bits, context, batch);
-    const double seconds = timed(state, [&] { decode_step(layer); });
+    const double seconds = timed(state, [&] { decode_step(layer, units); });
     state.counters["bytes_per_second"] = benchmark::Counter(layer.bytes, benchmark::Counter::kIsIterationInvariantRate);
     if (seconds > 0) {
       state.counters["frac_hbm"] = layer.bytes / seconds / hbm_peak();
@@ -316,6 +314,17 @@ void BM_decode(benchmark::State& state) {
   } catch (const std::exception& e) {
     state.SkipWithError(e.what());
   }
+}
+
+void BM_decode(benchmark::State& state) {
+  decode_bench(state, static_cast<int>(state.range(0)), state.range(1) * 1024, static_cast<int>(state.range(2)),
+               kc::DecodeUnits::cuda_cores);
+}
+
+// HEX-4 with the quantized rows on tensor cores (DecodeUnits::tensor_cores),
+// beside BM_decode/bits:4 (CUDA cores) of the same shape.
+void BM_decode_tensor_cores(benchmark::State& state) {
+  decode_bench(state, 4, state.range(0) * 1024, static_cast<int>(state.range(1)), kc::DecodeUnits::tensor_cores);
 }
 
 // HEX-4 decode over the blocks CHESS selects ("moderate", pages = HEX
@@ -598,6 +607,13 @@ BENCHMARK(BM_decode)
     ->UseManualTime()
     ->Unit(benchmark::kMicrosecond)
     ->MinTime(0.5);
+BENCHMARK(BM_decode_tensor_cores)
+    ->ArgNames({"ctxK", "batch"})
+    ->ArgsProduct({{32, 128}, {1, 16}})
+    ->UseManualTime()
+    ->Unit(benchmark::kMicrosecond)
+    ->MinTime(0.5);
+
 BENCHMARK(BM_compress)
     ->ArgNames({"bits", "batch"})
     ->ArgsProduct({{4, 3, 2}, {1, 16}})

@@ -15,6 +15,10 @@
 // into memory other threads still read is then a race ThreadSanitizer reports
 // (the device may land it that early).
 //
+// mma.sync (m16n8k16, binary16 operands, float accumulators) goes through a
+// per-warp exchange of the fragments, laid out as the PTX ISA documents them;
+// each lane then computes its four outputs in float, k in order.
+//
 // Not emulated: warp-synchronous execution without a barrier (the kernels
 // never rely on it), memory spaces (device pointers are host pointers here),
 // and floating-point differences of the device (expf is the host's).
@@ -31,6 +35,8 @@
 #include <memory>
 #include <thread>
 #include <vector>
+
+#include "kvcal/core/half.h"
 
 #define KVCAL_CUDA_EMULATION 1
 #define __global__
@@ -50,8 +56,9 @@ struct Dim3 {
 struct Launch {
   std::unique_ptr<std::barrier<>> block;
   std::vector<std::unique_ptr<std::barrier<>>> warps;
-  std::vector<float> exchange;  // [warps][32]
-  std::vector<unsigned> votes;  // [warps][32]
+  std::vector<float> exchange;       // [warps][32]
+  std::vector<unsigned> votes;       // [warps][32]
+  std::vector<std::uint32_t> frags;  // [warps][32][10]: an mma's a, b and c
   std::vector<unsigned char> shared;
 };
 
@@ -135,6 +142,35 @@ inline unsigned ballot(bool pred) {
   return m;
 }
 
+// D += A B on the fragments of one warp (see mma16816 in
+// hex_decode_kernels.cuh for the layout).
+inline void mma_m16n8k16(float d[4], const std::uint32_t a[4], const std::uint32_t b[2]) {
+  const unsigned t = thread_idx.x, w = t / 32, lane = t % 32;
+  std::uint32_t* f = current->frags.data() + static_cast<std::size_t>(w) * 320;
+  for (int i = 0; i < 4; ++i) f[lane * 10 + i] = a[i];
+  f[lane * 10 + 4] = b[0];
+  f[lane * 10 + 5] = b[1];
+  current->warps[w]->arrive_and_wait();
+  const auto half = [](std::uint32_t reg, int k) {
+    return fp16::to_float(static_cast<fp16::half_bits>(k % 2 == 0 ? reg & 0xFFFFu : reg >> 16));
+  };
+  // A[row][k]: lane 4 (row % 8) + (k % 8) / 2, register (row >= 8) + 2 (k >= 8).
+  const auto A = [&](int row, int k) {
+    return half(f[((row % 8) * 4 + (k % 8) / 2) * 10 + (row >= 8 ? 1 : 0) + (k >= 8 ? 2 : 0)], k);
+  };
+  // B[k][col]: lane 4 col + (k % 8) / 2, register k >= 8.
+  const auto B = [&](int k, int col) { return half(f[(col * 4 + (k % 8) / 2) * 10 + 4 + (k >= 8 ? 1 : 0)], k); };
+  float out[4];
+  for (int i = 0; i < 4; ++i) {
+    const int row = static_cast<int>(lane / 4) + 8 * (i / 2), col = 2 * static_cast<int>(lane % 4) + i % 2;
+    float s = d[i];
+    for (int k = 0; k < 16; ++k) s += A(row, k) * B(k, col);
+    out[i] = s;
+  }
+  current->warps[w]->arrive_and_wait();
+  for (int i = 0; i < 4; ++i) d[i] = out[i];
+}
+
 // Runs body() as grid x grid_y blocks of `threads` threads (a multiple of
 // 32) with `shared_bytes` of dynamic shared memory.
 template <class Body>
@@ -144,6 +180,7 @@ void launch(unsigned grid, unsigned threads, std::size_t shared_bytes, Body body
   for (unsigned w = 0; w < threads / 32; ++w) l.warps.push_back(std::make_unique<std::barrier<>>(32));
   l.exchange.assign(static_cast<std::size_t>(threads), 0.0f);
   l.votes.assign(static_cast<std::size_t>(threads), 0u);
+  l.frags.assign(static_cast<std::size_t>(threads) * 10, 0u);
   l.shared.assign(shared_bytes + 16, 0);
   current = &l;
   std::vector<std::thread> pool;

@@ -14,6 +14,7 @@
 #include <cstdint>
 #include <cstring>
 #include <memory>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -47,7 +48,8 @@ struct HostBuffer {
 // The kernels launched as the library's launchers launch them, on host memory.
 struct Emulated {
   static constexpr bool emulated = true;
-  int decode_stages = 2;  // the decode's page stages: 2, or 1 where two do not fit (see hex_run_decode)
+  int decode_stages = 2;      // the decode's page stages: 2, or 1 where two do not fit (see hex_run_decode)
+  bool tensor_cores = false;  // the decode's quantized rows through mma (DecodeUnits::tensor_cores)
   HostBuffer alloc(std::size_t n) { return HostBuffer(n); }
   HostBuffer host_alloc(std::size_t n) { return HostBuffer(n); }
   // CHESS kernels, launched as chess.cu launches them.
@@ -136,11 +138,19 @@ struct Emulated {
     a.requests = static_cast<std::int32_t>(plan.residual_rows.size());
     a.slots = static_cast<std::int32_t>(slots);
     a.q_heads = q_heads;
+    if (tensor_cores && !kk::mma_geometry(L.geometry))
+      throw Error("emulated decode: tensor cores asked for a geometry they do not handle");
     kk::with_group(q_heads / L.kv_heads, [&](auto group) {
       constexpr int G = decltype(group)::value;
-      emu::launch(static_cast<unsigned>(a.n_items), kk::kDecodeThreads,
-                  kk::DecodeShared<G>::bytes(L.geometry, decode_stages),
-                  [&] { kk::hex_decode_kernel<G>(L, a, q, scale, observe, decode_stages); });
+      const auto run = [&](auto mma) {
+        emu::launch(static_cast<unsigned>(a.n_items), kk::kDecodeThreads,
+                    kk::DecodeShared<G>::bytes(L.geometry, decode_stages, mma),
+                    [&] { kk::hex_decode_kernel<G, decltype(mma)::value>(L, a, q, scale, observe, decode_stages); });
+      };
+      if (tensor_cores)
+        run(std::true_type{});
+      else
+        run(std::false_type{});
     });
     emu::launch(static_cast<unsigned>(a.requests * L.kv_heads), kk::kDecodeThreads, 0,
                 [&] { kk::hex_merge_kernel(L, a, out, observe); });
@@ -176,8 +186,89 @@ TEST(HexCudaEmulated, SmallFlowForRaceChecks) {
       emu::eager_copies = eager;
       run_flow({"hex3", 2, 4, 64, 8, {3, 29}, 5, 2}, emu);  // items of two pages, the second with the residual
       run_flow({"fp16", 1, 2, 32, 8, {9}, 2, 0}, emu);
+      emu.tensor_cores = true;
+      run_flow({"hex4", 1, 2, 64, 8, {3, 29}, 3, 2}, emu);
+      emu.tensor_cores = false;
     }
   emu::eager_copies = false;
+}
+
+// The tensor-core decode (4-bit codes, head_dim 64 and 128): one and two
+// column tiles of scores (groups up to 4, and 5 to 8), row tiles partly past
+// a page's quantized rows (blocks of 8, 24), one and two channel groups of
+// values, expander entries and kept rows beside the tiles, partial blocks and
+// splits, with two page stages and one.
+TEST(HexCudaEmulated, TensorCoreDecodeMatchesTheHostExecutor) {
+  Emulated emu;
+  emu.tensor_cores = true;
+  for (const int stages : {2, 1}) {
+    SCOPED_TRACE(std::to_string(stages) + " stages");
+    emu.decode_stages = stages;
+    run_flow({"hex4", 2, 4, 128, 16, {1, 15, 16, 17, 40}, 6, 0}, emu);
+    run_flow({"hex4", 1, 8, 64, 8, {7, 33}, 5, 2}, emu);
+    run_flow({"kcvt4", 2, 3, 64, 24, {50, 25}, 4, 1}, emu);
+    run_flow({"hex4", 1, 5, 128, 32, {100}, 3, 0}, emu);
+    run_flow({"h2o4", 1, 1, 64, 16, {40}, 3, 0}, emu);
+  }
+  emu.decode_stages = 2;
+}
+
+// The emulated mma against a plain product, the fragments filled by the
+// PTX ISA's formulas for m16n8k16 as written there (row and column of each
+// element a_i, b_i, c_i from groupID = lane >> 2 and threadID_in_group =
+// lane % 4), independently of the inverse maps the emulation reads them with.
+TEST(HexCudaEmulated, MmaFragmentsFollowThePtxLayout) {
+  std::mt19937 rng(7);
+  std::uniform_int_distribution<int> small(-64, 64);
+  float A[16][16], B[16][8], C[16][8], D[16][8];
+  for (auto& r : A)
+    for (auto& x : r) x = static_cast<float>(small(rng)) / 8.0f;  // exact in binary16
+  for (auto& r : B)
+    for (auto& x : r) x = static_cast<float>(small(rng)) / 16.0f;
+  for (auto& r : C)
+    for (auto& x : r) x = static_cast<float>(small(rng));
+  emu::launch(1, 32, 0, [&] {
+    const int lane = static_cast<int>(threadIdx.x), group = lane >> 2, tig = lane % 4;
+    const auto h = [](float x) { return static_cast<std::uint32_t>(float_to_half(x)); };
+    std::uint32_t a[4], b[2];
+    for (int r = 0; r < 4; ++r) {  // register r holds a_{2r} (low half) and a_{2r+1}
+      std::uint32_t reg = 0;
+      for (int e = 0; e < 2; ++e) {
+        const int i = 2 * r + e;
+        const int row = (i < 2 || (i >= 4 && i < 6)) ? group : group + 8;
+        const int col = i < 4 ? tig * 2 + (i & 1) : tig * 2 + (i & 1) + 8;
+        reg |= h(A[row][col]) << (16 * e);
+      }
+      a[r] = reg;
+    }
+    for (int r = 0; r < 2; ++r) {
+      std::uint32_t reg = 0;
+      for (int e = 0; e < 2; ++e) {
+        const int i = 2 * r + e;
+        const int row = i < 2 ? tig * 2 + (i & 1) : tig * 2 + (i & 1) + 8;
+        reg |= h(B[row][group]) << (16 * e);
+      }
+      b[r] = reg;
+    }
+    float c[4];
+    for (int i = 0; i < 4; ++i) c[i] = C[i < 2 ? group : group + 8][tig * 2 + (i & 1)];
+    kk::mma16816(c, a, b);
+    for (int i = 0; i < 4; ++i) D[i < 2 ? group : group + 8][tig * 2 + (i & 1)] = c[i];
+  });
+  for (int i = 0; i < 16; ++i)
+    for (int j = 0; j < 8; ++j) {
+      double want = C[i][j];
+      for (int k = 0; k < 16; ++k) want += static_cast<double>(A[i][k]) * B[k][j];
+      EXPECT_EQ(D[i][j], static_cast<float>(want)) << i << " " << j;  // every partial sum exact in float
+    }
+}
+
+// The same kernels refuse what they do not handle.
+TEST(HexCudaEmulated, TensorCoresOnlyForFourBitCodes) {
+  Emulated emu;
+  emu.tensor_cores = true;
+  EXPECT_THROW(run_flow({"hex3", 1, 2, 64, 8, {9}, 1, 0}, emu), Error);
+  EXPECT_THROW(run_flow({"hex4", 1, 2, 32, 8, {9}, 1, 0}, emu), Error);
 }
 
 TEST(ChessCudaEmulated, HexDecodeOverTheSelectedBlocks) {

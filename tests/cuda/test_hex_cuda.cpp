@@ -72,6 +72,7 @@ struct Pinned {
 // The library's API on the default stream, synchronised after each call.
 struct Gpu {
   static constexpr bool emulated = false;
+  kc::DecodeUnits units = kc::DecodeUnits::cuda_cores;  // where decode multiplies the quantized rows out
   Dev alloc(std::size_t n) { return Dev(n); }
   Pinned host_alloc(std::size_t n) { return Pinned(n); }
   void sync(const char* what) { ok(cudaDeviceSynchronize(), what); }
@@ -126,7 +127,7 @@ struct Gpu {
     Dev ws(kc::hex_decode_workspace_bytes(plan, indices, L.geometry, q_heads));
     const kc::HexDecodeArgs a =
         kc::hex_upload_decode(plan, indptr, indices, L.geometry, q_heads, ws.p, ws.bytes, nullptr);
-    kc::hex_run_decode(L, a, q, scale, out, observe, nullptr);
+    kc::hex_run_decode(L, a, q, scale, out, observe, nullptr, units);
     ok(cudaDeviceSynchronize(), "decode");
   }
 };
@@ -148,6 +149,32 @@ TEST(HexCuda, SmallFlowForSanitizers) {
   Gpu gpu;
   run_flow({"hex3", 2, 4, 64, 8, {3, 29}, 5, 2}, gpu);
   run_flow({"fp16", 1, 2, 32, 8, {9}, 2, 0}, gpu);
+  gpu.units = kc::DecodeUnits::tensor_cores;
+  run_flow({"hex4", 1, 2, 64, 8, {3, 29}, 3, 2}, gpu);
+}
+
+// The tensor-core decode (DecodeUnits::tensor_cores): the shapes of the
+// emulated test (emulated_kernels.cpp), long contexts, and every group size.
+TEST(HexCuda, TensorCoreDecodeMatchesTheHostExecutor) {
+  SKIP_WITHOUT_GPU();
+  Gpu gpu;
+  gpu.units = kc::DecodeUnits::tensor_cores;
+  run_flow({"hex4", 2, 4, 128, 16, {1, 15, 16, 17, 40}, 6, 0}, gpu);
+  run_flow({"hex4", 1, 8, 64, 8, {7, 33}, 5, 2}, gpu);
+  run_flow({"kcvt4", 2, 3, 64, 24, {50, 25}, 4, 1}, gpu);
+  run_flow({"h2o4", 1, 1, 64, 16, {40}, 3, 0}, gpu);
+  for (const i64 group : {1, 2, 3, 4, 5, 6, 7, 8})
+    run_flow({"hex4", 2, group, 128, 96, {129 * 96 + 1, 32768}, 2, 0}, gpu);
+  run_flow({"hex4", 1, 4, 64, 96, {32768}, 2, 16}, gpu);
+}
+
+// Tensor cores refuse other bit widths and head dims before any launch.
+TEST(HexCuda, TensorCoresOnlyForFourBitCodes) {
+  SKIP_WITHOUT_GPU();
+  Gpu gpu;
+  gpu.units = kc::DecodeUnits::tensor_cores;
+  EXPECT_THROW(run_flow({"hex3", 1, 2, 64, 8, {9}, 1, 0}, gpu), Error);
+  EXPECT_THROW(run_flow({"hex4", 1, 2, 32, 8, {9}, 1, 0}, gpu), Error);
 }
 
 TEST(HexCuda, BlockCountsAroundPowersOfTwoAndLongContexts) {

@@ -92,8 +92,18 @@ KVCAL_RUNTIME_API HexDecodeArgs hex_upload_decode(const HexDecodePlan& plan,
 // and the expander entries (codes read in place), then a merge of the splits
 // (flash-decoding). observe: each residual token's attention weight, summed
 // over its KV head's query group, is added to its heavy-hitter score.
+//
+// units: where the quantized rows of the pages are multiplied out. CUDA cores
+// (every geometry), or tensor cores: mma.sync with the codes as binary16
+// operands (exact) and the query or weight factors split into a binary16
+// high part and remainder (about 22 bits), accumulated in float; for 4-bit
+// codes and head_dim 64 or 128, on devices of compute capability 8.0 and
+// later (anything else is a runtime::Error before any launch). Kept rows,
+// expander entries and the residual rows stay on the CUDA cores either way.
+enum class DecodeUnits : std::int32_t { cuda_cores = 0, tensor_cores = 1 };
 KVCAL_RUNTIME_API void hex_run_decode(const HexDeviceLayer& layer, const HexDecodeArgs& args, const float* q,
-                                      float scale, float* out, bool observe, Stream stream);
+                                      float scale, float* out, bool observe, Stream stream,
+                                      DecodeUnits units = DecodeUnits::cuda_cores);
 
 // Whether a CUDA device is usable from this process, and if not why.
 KVCAL_RUNTIME_API bool device_available(std::string* why = nullptr);

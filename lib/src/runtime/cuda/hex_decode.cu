@@ -91,7 +91,7 @@ HexDecodeArgs hex_upload_decode(const HexDecodePlan& plan, const std::vector<std
 }
 
 void hex_run_decode(const HexDeviceLayer& L, const HexDecodeArgs& a, const float* q, float scale, float* out,
-                    bool observe, Stream stream) {
+                    bool observe, Stream stream, DecodeUnits units) {
   const HexPageGeometry& g = L.geometry;
   if (L.kv_heads < 1 || a.q_heads < L.kv_heads || a.q_heads % L.kv_heads != 0 || a.q_heads / L.kv_heads > kMaxGroup)
     throw Error("hex CUDA decode: query heads must be 1 to 8 times the KV heads, got " + std::to_string(a.q_heads) +
@@ -101,31 +101,49 @@ void hex_run_decode(const HexDeviceLayer& L, const HexDecodeArgs& a, const float
   if (g.mask_degree > 0 && g.bits != 0 && !L.mask) throw Error("hex CUDA decode: the mask is null");
   if (!L.pages || !L.residual || !q || !out) throw Error("hex CUDA decode: null pool, query or output pointer");
   if (!std::isfinite(scale)) throw Error("hex CUDA decode: the scale is not finite");
+  if (units != DecodeUnits::cuda_cores && units != DecodeUnits::tensor_cores)
+    throw Error("hex CUDA decode: unknown decode units " + std::to_string(static_cast<int>(units)));
+  const bool mma = units == DecodeUnits::tensor_cores;
+  if (mma && !mma_geometry(g))
+    throw Error("hex CUDA decode: tensor cores need 4-bit codes and head_dim 64 or 128, got " + std::to_string(g.bits) +
+                " bits and head_dim " + std::to_string(g.head_dim));
+  int device = -1;
+  const auto attribute = [&](cudaDeviceAttr what) {
+    if (device < 0) detail::check(cudaGetDevice(&device), "hex CUDA decode: cudaGetDevice");
+    int v = 0;
+    detail::check(cudaDeviceGetAttribute(&v, what, device), "hex CUDA decode: cudaDeviceGetAttribute");
+    return v;
+  };
+  if (mma && attribute(cudaDevAttrComputeCapabilityMajor) < 8)
+    throw Error("hex CUDA decode: tensor cores need a device of compute capability 8.0 or later");
   if (a.n_items == 0) return;
   with_group(a.q_heads / L.kv_heads, [&](auto group) {
     constexpr int G = decltype(group)::value;
-    // Two stages (a page side in flight while the other is used) where they
-    // fit, else one.
-    int stages = 2;
-    std::size_t shared = DecodeShared<G>::bytes(g, stages);
-    if (shared > 48 * 1024) {  // above the default: opt in, up to what the device allows
-      int device = 0, most = 0;
-      detail::check(cudaGetDevice(&device), "hex CUDA decode: cudaGetDevice");
-      detail::check(cudaDeviceGetAttribute(&most, cudaDevAttrMaxSharedMemoryPerBlockOptin, device),
-                    "hex CUDA decode: cudaDeviceGetAttribute");
-      if (shared > static_cast<std::size_t>(most)) {
-        stages = 1;
-        shared = DecodeShared<G>::bytes(g, stages);
+    const auto launch = [&](auto kernel) {
+      // Two stages (a page side in flight while the other is used) where
+      // they fit, else one.
+      int stages = 2;
+      std::size_t shared = DecodeShared<G>::bytes(g, stages, mma);
+      if (shared > 48 * 1024) {  // above the default: opt in, up to what the device allows
+        const int most = attribute(cudaDevAttrMaxSharedMemoryPerBlockOptin);
+        if (shared > static_cast<std::size_t>(most)) {
+          stages = 1;
+          shared = DecodeShared<G>::bytes(g, stages, mma);
+        }
+        if (shared > static_cast<std::size_t>(most))
+          throw Error("hex CUDA decode: a block of " + std::to_string(g.block) + " tokens needs " +
+                      std::to_string(shared) + " bytes of shared memory, above the device's " + std::to_string(most));
+        detail::check(
+            cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(shared)),
+            "hex CUDA decode: cudaFuncSetAttribute");
       }
-      if (shared > static_cast<std::size_t>(most))
-        throw Error("hex CUDA decode: a block of " + std::to_string(g.block) + " tokens needs " +
-                    std::to_string(shared) + " bytes of shared memory, above the device's " + std::to_string(most));
-      detail::check(cudaFuncSetAttribute(hex_decode_kernel<G>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                         static_cast<int>(shared)),
-                    "hex CUDA decode: cudaFuncSetAttribute");
-    }
-    hex_decode_kernel<G><<<a.n_items, kDecodeThreads, shared, stream>>>(L, a, q, scale, observe, stages);
-    detail::check_launch("hex_decode_kernel");
+      kernel<<<a.n_items, kDecodeThreads, shared, stream>>>(L, a, q, scale, observe, stages);
+      detail::check_launch("hex_decode_kernel");
+    };
+    if (mma)
+      launch(hex_decode_kernel<G, true>);
+    else
+      launch(hex_decode_kernel<G, false>);
   });
   hex_merge_kernel<<<a.requests * L.kv_heads, kDecodeThreads, 0, stream>>>(L, a, out, observe);
   detail::check_launch("hex_merge_kernel");

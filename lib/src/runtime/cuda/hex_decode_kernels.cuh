@@ -22,8 +22,22 @@
 //     (sum of w x code, plus sum of p min once), then the kept rows, then the
 //     expander entries' corrections; then starts the next value side.
 // The residual rows (the request's partial block) are read in place.
+//
+// With tensor cores (kMma: 4-bit codes, head_dim a multiple of 64, sm_80 and
+// later), steps 2 and 4 run the quantized rows through mma.m16n8k16 (binary16
+// operands, float accumulators) instead: the codes, exact in binary16, are one
+// operand; the other is the float factor split into a binary16 high part and
+// a binary16 remainder (x = hi + lo to about 22 bits), both multiplied in, and
+// scaled by a power of two per page so that neither leaves binary16's range.
+//  - scores: A = 16 quantized rows x 16 channels of codes, B = [channel][hi and
+//    lo of scale q delta per query]; channels are visited in the order the
+//    words of a row unpack (see mma_key_channel), B built in that order;
+//  - values: A = [hi and lo of p delta per query][16 rows], B = 16 rows x 8
+//    channels of codes (two rows' bytes paired per register).
+// Kept rows and expander entries stay on the CUDA cores.
 #pragma once
 
+#include <cstring>
 #include <type_traits>
 
 #include "runtime/cuda/kernels_common.cuh"
@@ -39,6 +53,9 @@ constexpr int kDecodeThreads = 128;
 // while it computes on the other. (At 6, 80 registers a thread, the staging
 // one unit ahead spills 56-112 bytes at most group sizes; at 5, 16 at most.)
 constexpr int kDecodeBlocksPerSm = 5;
+// With tensor cores: 4 (at 5, 96 registers a thread, the fragments and the
+// CUDA-core paths beside them spill 84-120 bytes).
+constexpr int kDecodeBlocksPerSmMma = 4;
 constexpr int kMaxGroup = 8;
 constexpr int kMaxHeadDim = 128;
 
@@ -70,19 +87,118 @@ __device__ inline float warp_max(float x) {
   return x;
 }
 
+// ------------------------------------------------------------ tensor cores
+// Two 4-bit codes as binary16 (exact): bits 0-3 of x to the low half, bits
+// 16-19 to the high half. On the device 1024 + code is built in the mantissa
+// and 1024 subtracted (one LOP3 and one HSUB2 for two codes).
+__device__ inline std::uint32_t codes_half2(std::uint32_t x) {
+#if defined(__CUDA_ARCH__)
+  const std::uint32_t h = (x & 0x000F000Fu) | 0x64006400u;
+  const __half2 r =
+      __hsub2(*reinterpret_cast<const __half2*>(&h), __half2(__ushort_as_half(0x6400u), __ushort_as_half(0x6400u)));
+  return *reinterpret_cast<const std::uint32_t*>(&r);
+#else
+  return static_cast<std::uint32_t>(float_to_half(static_cast<float>(x & 0xFu))) |
+         static_cast<std::uint32_t>(float_to_half(static_cast<float>((x >> 16) & 0xFu))) << 16;
+#endif
+}
+
+// Byte k of a to bits 0-7 and byte k of b to bits 16-23 (the other bits are
+// don't-cares: codes_half2 masks them).
+__device__ inline std::uint32_t pair_bytes(std::uint32_t a, std::uint32_t b, int k) {
+#if defined(__CUDA_ARCH__)
+  return __byte_perm(a, b, static_cast<unsigned>(k | (k << 4) | ((4 + k) << 8) | ((4 + k) << 12)));
+#else
+  return ((a >> (8 * k)) & 0xFFu) | ((b >> (8 * k)) & 0xFFu) << 16;
+#endif
+}
+
+// x as a binary16 high part and the binary16 rounding of the remainder.
+__device__ inline void split_half(float x, half_bits& hi, half_bits& lo) {
+#if defined(__CUDA_ARCH__)
+  const __half h = __float2half_rn(x);
+  hi = __half_as_ushort(h);
+  lo = __half_as_ushort(__float2half_rn(x - __half2float(h)));
+#else
+  hi = float_to_half(x);
+  lo = float_to_half(x - half_to_float(hi));
+#endif
+}
+
+// floor(log2 x) for x > 0 (subnormals as -127), 0 for x <= 0.
+__device__ inline int floor_log2(float x) {
+  if (!(x > 0.0f)) return 0;
+  std::uint32_t b;
+  std::memcpy(&b, &x, 4);
+  return static_cast<int>((b >> 23) & 0xFFu) - 127;
+}
+// 2^e, e clamped to [-120, 120] (a normal float; exact).
+__device__ inline float pow2(int e) {
+  e = e < -120 ? -120 : e > 120 ? 120 : e;
+  const std::uint32_t b = static_cast<std::uint32_t>(e + 127) << 23;
+  float x;
+  std::memcpy(&x, &b, 4);
+  return x;
+}
+
+// d += A B for one m16n8k16 tile (binary16 A row-major, B column-major, float
+// accumulators), the PTX ISA's fragment layout: lane = 4 groupID + t,
+//   a[0] = A[groupID][2t, 2t+1], a[1] = A[groupID+8][2t, 2t+1], a[2] and
+//   a[3] the same at columns 2t+8, 2t+9; b[0] = B[2t, 2t+1][groupID], b[1] =
+//   B[2t+8, 2t+9][groupID]; d[0], d[1] = D[groupID][2t, 2t+1], d[2], d[3] =
+//   D[groupID+8][2t, 2t+1] (low half first in each register).
+__device__ inline void mma16816(float d[4], const std::uint32_t a[4], const std::uint32_t b[2]) {
+#if defined(KVCAL_CUDA_EMULATION)
+  ::kvcal::emu::mma_m16n8k16(d, a, b);
+#elif defined(__CUDA_ARCH__)
+#if __CUDA_ARCH__ >= 800
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+#else
+  __trap();  // not reached: hex_run_decode refuses tensor cores below compute capability 8.0
+#endif
+#endif
+}
+
+// The channel that column k (0-15) of key step ks meets in the score product.
+// Lane (groupID, t) of step pair P = ks / 2 reads word 4P + t of its rows
+// (channels 8 (4P + t) + 0..7, nibble q is channel 8 (4P + t) + q) and
+// unpacks it as the nibble pairs (q, q + 4), q = 0..3, with one mask each:
+// pairs 2 (ks % 2) and 2 (ks % 2) + 1 are its columns 2t + e and 2t + 8 + e,
+// e choosing the nibble of the pair.
+__host__ __device__ inline int mma_key_channel(int ks, int k) {
+  const int P = ks / 2, hs = ks % 2, t = (k % 8) / 2, e = k % 2, upper = k / 8;
+  return 32 * P + 8 * t + 2 * hs + upper + 4 * e;
+}
+
 // Words of a staged row of `bytes` bytes: odd, so that 32 threads reading
 // the same word of 32 rows hit 32 banks.
 __host__ __device__ inline int odd_words(int bytes) { return bytes <= 0 ? 0 : ((bytes + 3) / 4) | 1; }
+
+// Words of a row of `bytes` bytes that tensor-core fragments read: 4 mod 8,
+// so that 8 rows x 4 consecutive words (or 4 row pairs x 8 words) fall in 32
+// different banks.
+__host__ __device__ inline int mma_words(int bytes) {
+  const int w = (bytes + 3) / 4;
+  return w + (12 - w % 8) % 8;
+}
+
+// Whether the tensor-core decode handles pages of this geometry.
+__host__ __device__ inline bool mma_geometry(const HexPageGeometry& g) {
+  return g.bits == 4 && g.head_dim % 64 == 0 && g.head_dim <= kMaxHeadDim;
+}
 
 // Where the stage buffer (32-bit words) holds one side of a page.
 struct StageLayout {
   int kept_stride = 0, code_stride = 0;             // words per staged row
   int kept = 0, codes = 0, params = 0, sparse = 0;  // offsets in words
   int index = 0, words = 0;
-  __host__ __device__ explicit StageLayout(const HexPageGeometry& g) {
+  __host__ __device__ explicit StageLayout(const HexPageGeometry& g, bool mma = false) {
     const int cap = g.kept_capacity, nb = g.block, d = g.head_dim;
     kept_stride = odd_words(2 * d);
-    code_stride = g.bits == 0 ? 0 : odd_words(g.row_bytes());
+    code_stride = g.bits == 0 ? 0 : mma ? mma_words(g.row_bytes()) : odd_words(g.row_bytes());
     codes = kept + cap * kept_stride;
     params = codes + nb * code_stride;
     sparse = params + (g.bits == 0 ? 0 : (d > nb ? d : nb));
@@ -95,32 +211,56 @@ struct StageLayout {
 template <int G>
 constexpr int kPadded = (G + 3) / 4 * 4;
 
+// Column tiles of the tensor-core score product: the hi and lo parts of
+// groups up to 4 share one tile of 8 columns, larger groups take two.
+template <int G>
+constexpr int kScoreTiles = G <= 4 ? 1 : 2;
+
+// Rows of the tensor-core operands: a page's quantized rows rounded up to a
+// multiple of 16; words per row of the value weights (binary16, 4 mod 8).
+__host__ __device__ inline int mma_rows(const HexPageGeometry& g) { return (g.block + 15) / 16 * 16; }
+__host__ __device__ inline int mma_weight_words(const HexPageGeometry& g) { return mma_words(2 * mma_rows(g)); }
+
 // Dynamic shared memory of the decode kernel: 16-byte aligned arrays first.
 template <int G>
 struct DecodeShared {
   static constexpr int Gp = kPadded<G>;
   float *qs, *qd, *wq, *pk;  // [d][Gp], [d][Gp], [nb][Gp], [nb][Gp]
-  float *kmin, *acc, *p;     // [d], [G][d], [G][nb]
+  // Tensor cores only: the score product's B fragments in lane order,
+  // [d / 16][kScoreTiles][32 lanes][2 words]; the value weights, rows 0-7 the
+  // hi parts of queries 0-7 and rows 8-15 their lo parts, [16][weight words].
+  std::uint32_t *bfrag, *wh;
+  float *kmin, *acc, *p;  // [d], [G][d], [G][nb]
   float *bias, *vbias, *m, *l, *alpha;
+  float* mscale;                // tensor cores: the powers of two the key and value factors are scaled by
+  float* qmax;                  // tensor cores: the largest |scale q| of the item
   std::int32_t *qt, *kt, *tq;   // quantized row -> token, kept row -> token, token -> quantized row or -1
   std::int32_t *col_ptr, *col;  // the mask by column: entries (t << 8 | e) of channel c at [col_ptr[c], col_ptr[c + 1])
   std::int32_t* mask;           // the mask's columns, [nb][d1]
   // A page's key side; its value side (StageLayout each): two stages, or
   // one for both (vstage == kstage) where two do not fit.
   std::uint32_t *kstage, *vstage;
-  __host__ __device__ static std::size_t bytes(const HexPageGeometry& g, int stages = 2) {
+  __host__ __device__ static std::size_t mma_words_b(const HexPageGeometry& g, bool mma) {
+    return mma ? static_cast<std::size_t>(g.head_dim / 16) * kScoreTiles<G> * 64 : 0;
+  }
+  __host__ __device__ static std::size_t mma_words_w(const HexPageGeometry& g, bool mma) {
+    return mma ? 16 * static_cast<std::size_t>(mma_weight_words(g)) : 0;
+  }
+  __host__ __device__ static std::size_t bytes(const HexPageGeometry& g, int stages = 2, bool mma = false) {
     const std::size_t d = g.head_dim, nb = g.block, d1 = g.bits == 0 ? 0 : g.mask_degree;
-    return (2 * d * Gp + 2 * nb * Gp + d + G * d + G * nb + 5 * G + 3 * nb + d + 1 + 2 * nb * d1 +
-            static_cast<std::size_t>(stages) * StageLayout(g).words) *
+    return (2 * d * Gp + 2 * nb * Gp + mma_words_b(g, mma) + mma_words_w(g, mma) + d + G * d + G * nb + 5 * G + 3 +
+            3 * nb + d + 1 + 2 * nb * d1 + static_cast<std::size_t>(stages) * StageLayout(g, mma).words) *
            4;
   }
-  __device__ DecodeShared(unsigned char* s, const HexPageGeometry& g, int stages) {
+  __device__ DecodeShared(unsigned char* s, const HexPageGeometry& g, int stages, bool mma = false) {
     const int d = g.head_dim, nb = g.block;
     qs = reinterpret_cast<float*>(s);
     qd = qs + d * Gp;
     wq = qd + d * Gp;
     pk = wq + nb * Gp;
-    kmin = pk + nb * Gp;
+    bfrag = reinterpret_cast<std::uint32_t*>(pk + nb * Gp);
+    wh = bfrag + mma_words_b(g, mma);
+    kmin = reinterpret_cast<float*>(wh + mma_words_w(g, mma));
     acc = kmin + d;
     p = acc + G * d;
     bias = p + G * nb;
@@ -128,14 +268,16 @@ struct DecodeShared {
     m = vbias + G;
     l = m + G;
     alpha = l + G;
-    qt = reinterpret_cast<std::int32_t*>(alpha + G);
+    mscale = alpha + G;
+    qmax = mscale + 2;
+    qt = reinterpret_cast<std::int32_t*>(qmax + 1);
     kt = qt + nb;
     tq = kt + nb;
     col_ptr = tq + nb;
     col = col_ptr + d + 1;
     mask = col + nb * (g.bits == 0 ? 0 : g.mask_degree);
     kstage = reinterpret_cast<std::uint32_t*>(mask + nb * (g.bits == 0 ? 0 : g.mask_degree));
-    vstage = stages == 2 ? kstage + StageLayout(g).words : kstage;
+    vstage = stages == 2 ? kstage + StageLayout(g, mma).words : kstage;
   }
 };
 
@@ -265,17 +407,19 @@ __device__ inline void score_halves(const half_bits* row, int d, const float* qs
   }
 }
 
-template <int G>
-__global__ void __launch_bounds__(kDecodeThreads, kDecodeBlocksPerSm)
+template <int G, bool kMma = false>
+__global__ void __launch_bounds__(kDecodeThreads, kMma ? kDecodeBlocksPerSmMma : kDecodeBlocksPerSm)
     hex_decode_kernel(HexDeviceLayer L, HexDecodeArgs A, const float* q, float scale, bool observe, int stages) {
   constexpr int Gp = kPadded<G>;
+  constexpr int NT = kScoreTiles<G>;
   const HexPageGeometry g = L.geometry;
   const int H = L.kv_heads, d = g.head_dim, nb = g.block, QH = A.q_heads;
   const int tid = threadIdx.x, nt = blockDim.x, warp = tid / 32, lane = tid % 32, warps = nt / 32;
   const HexDecodeItem item = A.items[blockIdx.x];
   const int i = item.request, h = item.head;
-  const DecodeShared<G> S(dynamic_shared(), g, stages);
-  const StageLayout lay(g);
+  const DecodeShared<G> S(dynamic_shared(), g, stages, kMma);
+  const StageLayout lay(g, kMma);
+  const int g8 = lane >> 2, tig = lane & 3;  // a lane's place in the tensor-core fragments
 
   const float* qh = q + (static_cast<std::int64_t>(i) * QH + h * G) * d;
   const int R = item.with_residual ? A.residual_rows[i] : 0;
@@ -410,7 +554,48 @@ __global__ void __launch_bounds__(kDecodeThreads, kDecodeBlocksPerSm)
       }
     }
     const auto* kpar = reinterpret_cast<const QuantParams*>(S.kstage + lay.params);
-    if (coded)
+    if (kMma && coded) {
+      // The power of two that keeps scale q delta within binary16 (below
+      // 2^14): from the largest |scale q| of the item and delta of the page.
+      if (warp == 0) {
+        float mq = 0.0f, md2 = 0.0f;
+        if (u == 0) {
+          for (int x = lane; x < d * Gp; x += 32) mq = fmaxf(mq, fabsf(S.qs[x]));
+          mq = warp_max(mq);
+        } else {
+          mq = *S.qmax;
+        }
+        for (int c = lane; c < d; c += 32) md2 = fmaxf(md2, fabsf(h2f(kpar[c].delta)));
+        md2 = warp_max(md2);
+        if (lane == 0) {
+          *S.qmax = mq;
+          S.mscale[0] = pow2(12 - floor_log2(mq) - floor_log2(md2));
+        }
+      }
+      for (int c = tid; c < d; c += nt) S.kmin[c] = h2f(kpar[c].min);
+      __syncthreads();
+      // B of the score product, lane by lane: column n of tile T is the hi
+      // (or lo) part of query n & 3 (one tile: n < 4 hi, else lo) or of query
+      // n (two tiles: T = 0 hi, T = 1 lo).
+      const float ks = S.mscale[0];
+      for (int x = tid; x < (d / 16) * NT * 32; x += nt) {
+        const int step = x / (NT * 32), T = (x / 32) % NT, ln = x % 32, n = ln >> 2, t4 = ln & 3;
+        const int j = NT == 1 ? (n & 3) : n;
+        const bool lo = NT == 1 ? n >= 4 : T == 1;
+        half_bits v[4];
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          const int c = mma_key_channel(step, 2 * t4 + (i & 1) + 8 * (i >> 1));
+          const float xv = j < G ? S.qs[c * Gp + j] * h2f(kpar[c].delta) * ks : 0.0f;
+          half_bits hi, lw;
+          split_half(xv, hi, lw);
+          v[i] = lo ? lw : hi;
+        }
+        S.bfrag[2 * x] = static_cast<std::uint32_t>(v[0]) | static_cast<std::uint32_t>(v[1]) << 16;
+        S.bfrag[2 * x + 1] = static_cast<std::uint32_t>(v[2]) | static_cast<std::uint32_t>(v[3]) << 16;
+      }
+    }
+    if (!kMma && coded)
       for (int x = tid; x < d * Gp; x += nt) {
         const int c = x / Gp, j = x % Gp;
         const QuantParams pc = kpar[c];
@@ -427,7 +612,57 @@ __global__ void __launch_bounds__(kDecodeThreads, kDecodeBlocksPerSm)
     __syncthreads();
     // 2. Scores: quantized rows, then kept rows.
     const auto* ks = reinterpret_cast<const half_bits*>(S.kstage + lay.sparse);
-    for (int x = tid; x < n; x += nt) {
+    if constexpr (kMma) {
+      if (coded) {  // warps over tiles of 16 quantized rows
+        const float unscale = 1.0f / S.mscale[0];
+        for (int mt = warp; mt < (Q + 15) / 16; mt += warps) {
+          float acc[NT][4];
+#pragma unroll
+          for (int T = 0; T < NT; ++T) acc[T][0] = acc[T][1] = acc[T][2] = acc[T][3] = 0.0f;
+          const int r0 = mt * 16 + g8, r1 = r0 + 8;  // rows past Q read row Q - 1; their scores are dropped
+          const std::uint32_t* row0 = S.kstage + lay.codes + (r0 < Q ? r0 : Q - 1) * lay.code_stride;
+          const std::uint32_t* row1 = S.kstage + lay.codes + (r1 < Q ? r1 : Q - 1) * lay.code_stride;
+          for (int P = 0; P < d / 32; ++P) {
+            const std::uint32_t w0 = row0[4 * P + tig], w1 = row1[4 * P + tig];
+#pragma unroll
+            for (int hs = 0; hs < 2; ++hs) {
+              const std::uint32_t a[4] = {codes_half2(w0 >> (8 * hs)), codes_half2(w1 >> (8 * hs)),
+                                          codes_half2(w0 >> (8 * hs + 4)), codes_half2(w1 >> (8 * hs + 4))};
+#pragma unroll
+              for (int T = 0; T < NT; ++T) {
+                const std::uint32_t* bp = S.bfrag + 2 * (((2 * P + hs) * NT + T) * 32 + lane);
+                const std::uint32_t b[2] = {bp[0], bp[1]};
+                mma16816(acc[T], a, b);
+              }
+            }
+          }
+          // Queries 2 tig and 2 tig + 1 of rows r0 and r1: hi + lo.
+          float sc[4];
+#pragma unroll
+          for (int e = 0; e < 4; ++e)
+            sc[e] = NT == 1 ? acc[0][e] + __shfl_xor_sync(0xffffffffu, acc[0][e], 2) : acc[0][e] + acc[NT - 1][e];
+          if (NT == 2 || tig < 2)
+#pragma unroll
+            for (int rr = 0; rr < 2; ++rr) {
+              const int row = rr == 0 ? r0 : r1;
+              if (row >= Q) continue;
+              const int t = S.qt[row];
+#pragma unroll
+              for (int e = 0; e < 2; ++e) {
+                const int j = 2 * tig + e;
+                if (j >= G) continue;
+                float v = fmaf(sc[2 * rr + e], unscale, S.bias[j]);
+                for (int x = 0; x < d1; ++x) {  // expander entries: x replaces min_c
+                  const int c = S.mask[t * d1 + x];
+                  v = fmaf(S.qs[c * Gp + j], h2f(ks[row * d1 + x]) - S.kmin[c], v);
+                }
+                S.p[j * nb + t] = v;
+              }
+            }
+        }
+      }
+    }
+    for (int x = kMma ? Q + tid : tid; x < n; x += nt) {
       float s[G];
       int t;
       if (x < Q) {
@@ -477,6 +712,13 @@ __global__ void __launch_bounds__(kDecodeThreads, kDecodeBlocksPerSm)
       S.p[j * nb + t] = expf(S.p[j * nb + t] - S.m[j]);
     }
     for (int x = tid; x < G * d; x += nt) S.acc[x] *= S.alpha[x / d];
+    if (kMma && coded && warp == 0) {  // p <= 1: p delta below 2^14 once scaled
+      float mv = 0.0f;
+      for (int x = lane; x < Q; x += 32)
+        mv = fmaxf(mv, fabsf(h2f(reinterpret_cast<const QuantParams*>(S.vstage + lay.params)[x].delta)));
+      mv = warp_max(mv);
+      if (lane == 0) S.mscale[1] = pow2(13 - floor_log2(mv));
+    }
     __syncthreads();
     // Weights per row: w = p delta for quantized rows (their sum of p min
     // added to every channel once), p for kept rows.
@@ -492,7 +734,17 @@ __global__ void __launch_bounds__(kDecodeThreads, kDecodeBlocksPerSm)
         S.vbias[j] = sm;
       }
     }
-    for (int x = tid; x < n * Gp; x += nt) {
+    if (kMma && coded) {  // A of the value product: hi parts in rows 0-7, lo parts in rows 8-15
+      const int rows = mma_rows(g), ww = 2 * mma_weight_words(g);
+      auto* wh = reinterpret_cast<half_bits*>(S.wh);
+      const float vs = S.mscale[1];
+      for (int x = tid; x < 8 * rows; x += nt) {
+        const int j = x / rows, row = x % rows;
+        const float w = j < G && row < Q ? S.p[j * nb + S.qt[row]] * h2f(vpar[row].delta) * vs : 0.0f;
+        split_half(w, wh[j * ww + row], wh[(8 + j) * ww + row]);
+      }
+    }
+    for (int x = kMma ? Q * Gp + tid : tid; x < n * Gp; x += nt) {
       const int row = x / Gp, j = x % Gp;
       if (row < Q) {
         S.wq[x] = j < G ? S.p[j * nb + S.qt[row]] * h2f(vpar[row].delta) : 0.0f;
@@ -503,12 +755,52 @@ __global__ void __launch_bounds__(kDecodeThreads, kDecodeBlocksPerSm)
     }
     __syncthreads();
     // 4. Values: one thread per channel, nt / d row lanes.
+    if constexpr (kMma) {
+      if (coded) {  // warps over (64 channels, 16 rows): 8 column tiles of 8 channels, 4 at a time
+        const int CG = d / 64, cg = warp % CG, ww = mma_weight_words(g);
+        const float unscale = 1.0f / S.mscale[1];
+        const std::uint32_t* codes = S.vstage + lay.codes + 8 * cg + g8;  // word 8 cg + groupID of each row
+#pragma unroll 1
+        for (int half = 0; half < 2; ++half) {  // bytes 2 half and 2 half + 1 of the words: tiles 4 half .. +3
+          float acc[4][4];
+#pragma unroll
+          for (int T = 0; T < 4; ++T) acc[T][0] = acc[T][1] = acc[T][2] = acc[T][3] = 0.0f;
+          for (int kt = warp / CG; kt < (Q + 15) / 16; kt += warps / CG) {
+            const int t0 = 16 * kt;
+            const std::uint32_t a[4] = {S.wh[g8 * ww + t0 / 2 + tig], S.wh[(8 + g8) * ww + t0 / 2 + tig],
+                                        S.wh[g8 * ww + t0 / 2 + 4 + tig], S.wh[(8 + g8) * ww + t0 / 2 + 4 + tig]};
+            // Rows t0 + 2 tig (+1, +8, +9); past Q, row Q - 1 (weight 0).
+            const auto at = [&](int r) { return codes[(r < Q ? r : Q - 1) * lay.code_stride]; };
+            const int r = t0 + 2 * tig;
+            const std::uint32_t wa = at(r), wb = at(r + 1), wc = at(r + 8), wd = at(r + 9);
+#pragma unroll
+            for (int kk = 0; kk < 2; ++kk) {  // byte k: channels 2k (low nibble) and 2k + 1 of the word
+              const int k = 2 * half + kk;
+              const std::uint32_t x01 = pair_bytes(wa, wb, k), x89 = pair_bytes(wc, wd, k);
+              const std::uint32_t blo[2] = {codes_half2(x01), codes_half2(x89)};
+              const std::uint32_t bhi[2] = {codes_half2(x01 >> 4), codes_half2(x89 >> 4)};
+              mma16816(acc[2 * kk], a, blo);
+              mma16816(acc[2 * kk + 1], a, bhi);
+            }
+          }
+          // Tile T, column 2 tig (+1) is channel 64 cg + 8 (2 tig) + T (+8);
+          // rows groupID and groupID + 8 the hi and lo parts of query groupID.
+          if (g8 < G)
+#pragma unroll
+            for (int T = 0; T < 4; ++T) {
+              const int c0 = 64 * cg + 16 * tig + 4 * half + T;
+              atomicAdd(&S.acc[g8 * d + c0], (acc[T][0] + acc[T][2]) * unscale);
+              atomicAdd(&S.acc[g8 * d + c0 + 8], (acc[T][1] + acc[T][3]) * unscale);
+            }
+        }
+      }
+    }
     const int lanes = nt / d, lt = tid / d, c = tid % d;
     if (lt < lanes) {
       float a[G];
 #pragma unroll
       for (int j = 0; j < G; ++j) a[j] = lt == 0 && coded ? S.vbias[j] : 0.0f;
-      if (coded) {
+      if (!kMma && coded) {
         const int bit = c * bits, byte = bit >> 3, sh = bit & 7;
         const bool two = sh + bits > 8;
         const unsigned mask = (1u << bits) - 1u;
@@ -535,7 +827,7 @@ __global__ void __launch_bounds__(kDecodeThreads, kDecodeBlocksPerSm)
           for (int j = 0; j < G; ++j) a[j] = fmaf(S.p[j * nb + t], corr, a[j]);
         }
       }
-      if (lanes == 1) {
+      if (lanes == 1 && !kMma) {  // (tensor cores: the tiles' sums go in beside these)
 #pragma unroll
         for (int j = 0; j < G; ++j) S.acc[j * d + c] += a[j];
       } else {
