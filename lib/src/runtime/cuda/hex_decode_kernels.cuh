@@ -662,7 +662,23 @@ __global__ void __launch_bounds__(kDecodeThreads, kMma ? kDecodeBlocksPerSmMma :
         }
       }
     }
-    for (int x = kMma ? Q + tid : tid; x < n; x += nt) {
+    if (kMma && coded)
+      // Kept rows a warp each, channels over the lanes: one thread per row
+      // (d G multiply-adds in a chain) would be the page's longest path
+      // beside the tiles.
+      for (int r = warp; r < K; r += warps) {
+        const half_bits* row = kk + static_cast<std::int64_t>(r) * kk_stride;
+        float s[G];
+#pragma unroll
+        for (int j = 0; j < G; ++j) s[j] = 0.0f;
+        for (int c = lane; c < d; c += 32) axpy_group<G>(S.qs + c * Gp, h2f(row[c]), s);
+#pragma unroll
+        for (int j = 0; j < G; ++j) s[j] = warp_sum(s[j]);
+        if (lane == 0)
+#pragma unroll
+          for (int j = 0; j < G; ++j) S.p[j * nb + S.kt[r]] = s[j];
+      }
+    for (int x = kMma && coded ? n : tid; x < n; x += nt) {  // (tensor cores: pages without codes)
       float s[G];
       int t;
       if (x < Q) {
