@@ -211,6 +211,11 @@ TEST(HexCudaEmulated, TensorCoreDecodeMatchesTheHostExecutor) {
     run_flow({"h2o4", 1, 1, 64, 16, {40}, 3, 0}, emu);
   }
   emu.decode_stages = 2;
+  // Magnitudes far from 1 (the per-page powers of two that keep the hi and
+  // lo parts in binary16): large keys and values near binary16's smallest
+  // normals; tiny keys and large values.
+  run_flow({"hex4", 1, 4, 128, 16, {40}, 2, 0, 30.0, 2e-4}, emu);
+  run_flow({"hex4", 1, 2, 64, 16, {40}, 2, 0, 1e-3, 300.0}, emu);
 }
 
 // The emulated mma against a plain product, the fragments filled by the

@@ -37,7 +37,8 @@ struct Shape {
   i64 kv_heads, group, head_dim, block;
   std::vector<i64> prefill;  // one request per entry
   int decode_steps;
-  std::int32_t per;  // blocks per decode item (0: the planner's choice)
+  std::int32_t per;                 // blocks per decode item (0: the planner's choice)
+  double k_scale = 1, v_scale = 1;  // the keys' and values' magnitudes (standard deviations 1 and 0.5 times these)
 };
 
 // Output tolerance: both sides compute scores and the online softmax in float
@@ -114,8 +115,8 @@ void run_flow(const Shape& s, Backend& be) {
       counts.push_back(step == 0 ? static_cast<std::int32_t>(s.prefill[static_cast<std::size_t>(r)]) : 1);
     const HexStepPlan plan = cache.plan_append(ids, counts);
     const i64 rows = plan.token_indptr.back();
-    const auto k = random_halves(static_cast<std::size_t>(rows * H * d), rng, 1.0, 0.2);
-    const auto v = random_halves(k.size(), rng, 0.5);
+    const auto k = random_halves(static_cast<std::size_t>(rows * H * d), rng, s.k_scale, 0.2 * s.k_scale);
+    const auto v = random_halves(k.size(), rng, 0.5 * s.v_scale);
     host.run_append(plan, k.data(), v.data());
     auto kd = be.alloc(k.size() * 2), vd = be.alloc(v.size() * 2);
     be.put(kd.p, k.data(), kd.bytes);

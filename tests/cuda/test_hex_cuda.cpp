@@ -166,6 +166,8 @@ TEST(HexCuda, TensorCoreDecodeMatchesTheHostExecutor) {
   for (const i64 group : {1, 2, 3, 4, 5, 6, 7, 8})
     run_flow({"hex4", 2, group, 128, 96, {129 * 96 + 1, 32768}, 2, 0}, gpu);
   run_flow({"hex4", 1, 4, 64, 96, {32768}, 2, 16}, gpu);
+  run_flow({"hex4", 1, 4, 128, 16, {40}, 2, 0, 30.0, 2e-4}, gpu);  // magnitudes far from 1
+  run_flow({"hex4", 1, 2, 64, 16, {40}, 2, 0, 1e-3, 300.0}, gpu);
 }
 
 // Tensor cores refuse other bit widths and head dims before any launch.
