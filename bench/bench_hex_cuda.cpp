@@ -321,10 +321,12 @@ void BM_decode(benchmark::State& state) {
                kc::DecodeUnits::cuda_cores);
 }
 
-// HEX-4 with the quantized rows on tensor cores (DecodeUnits::tensor_cores),
-// beside BM_decode/bits:4 (CUDA cores) of the same shape.
+// HEX-4 and HEX-2 with the quantized rows on tensor cores
+// (DecodeUnits::tensor_cores), beside BM_decode/bits:4 and bits:2 (CUDA
+// cores) of the same shape.
 void BM_decode_tensor_cores(benchmark::State& state) {
-  decode_bench(state, 4, state.range(0) * 1024, static_cast<int>(state.range(1)), kc::DecodeUnits::tensor_cores);
+  decode_bench(state, static_cast<int>(state.range(0)), state.range(1) * 1024, static_cast<int>(state.range(2)),
+               kc::DecodeUnits::tensor_cores);
 }
 
 // HEX-4 decode over the blocks CHESS selects ("moderate", pages = HEX
@@ -608,8 +610,8 @@ BENCHMARK(BM_decode)
     ->Unit(benchmark::kMicrosecond)
     ->MinTime(0.5);
 BENCHMARK(BM_decode_tensor_cores)
-    ->ArgNames({"ctxK", "batch"})
-    ->ArgsProduct({{32, 128}, {1, 16}})
+    ->ArgNames({"bits", "ctxK", "batch"})
+    ->ArgsProduct({{4, 2}, {32, 128}, {1, 16}})
     ->UseManualTime()
     ->Unit(benchmark::kMicrosecond)
     ->MinTime(0.5);

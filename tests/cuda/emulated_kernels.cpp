@@ -142,15 +142,18 @@ struct Emulated {
       throw Error("emulated decode: tensor cores asked for a geometry they do not handle");
     kk::with_group(q_heads / L.kv_heads, [&](auto group) {
       constexpr int G = decltype(group)::value;
-      const auto run = [&](auto mma) {
+      const auto run = [&](auto mma_bits) {
+        constexpr int B = decltype(mma_bits)::value;
         emu::launch(static_cast<unsigned>(a.n_items), kk::kDecodeThreads,
-                    kk::DecodeShared<G>::bytes(L.geometry, decode_stages, mma),
-                    [&] { kk::hex_decode_kernel<G, decltype(mma)::value>(L, a, q, scale, observe, decode_stages); });
+                    kk::DecodeShared<G>::bytes(L.geometry, decode_stages, B != 0),
+                    [&] { kk::hex_decode_kernel<G, B>(L, a, q, scale, observe, decode_stages); });
       };
-      if (tensor_cores)
-        run(std::true_type{});
+      if (!tensor_cores)
+        run(std::integral_constant<int, 0>{});
+      else if (L.geometry.bits == 4)
+        run(std::integral_constant<int, 4>{});
       else
-        run(std::false_type{});
+        run(std::integral_constant<int, 2>{});
     });
     emu::launch(static_cast<unsigned>(a.requests * L.kv_heads), kk::kDecodeThreads, 0,
                 [&] { kk::hex_merge_kernel(L, a, out, observe); });
@@ -193,7 +196,7 @@ TEST(HexCudaEmulated, SmallFlowForRaceChecks) {
   emu::eager_copies = false;
 }
 
-// The tensor-core decode (4-bit codes, head_dim 64 and 128): one and two
+// The tensor-core decode (4- and 2-bit codes, head_dim 64 and 128): one and two
 // column tiles of scores (groups up to 4, and 5 to 8), row tiles partly past
 // a page's quantized rows (blocks of 8, 24), one and two channel groups of
 // values, expander entries and kept rows beside the tiles, partial blocks and
@@ -209,6 +212,8 @@ TEST(HexCudaEmulated, TensorCoreDecodeMatchesTheHostExecutor) {
     run_flow({"kcvt4", 2, 3, 64, 24, {50, 25}, 4, 1}, emu);
     run_flow({"hex4", 1, 5, 128, 32, {100}, 3, 0}, emu);
     run_flow({"h2o4", 1, 1, 64, 16, {40}, 3, 0}, emu);
+    run_flow({"hex2", 2, 4, 128, 16, {1, 17, 40}, 4, 0}, emu);
+    run_flow({"hex2", 1, 6, 64, 24, {7, 60}, 4, 2}, emu);  // 64 channels: half a group of 8 words
   }
   emu.decode_stages = 2;
   // Magnitudes far from 1 (the per-page powers of two that keep the hi and
@@ -216,6 +221,7 @@ TEST(HexCudaEmulated, TensorCoreDecodeMatchesTheHostExecutor) {
   // normals; tiny keys and large values.
   run_flow({"hex4", 1, 4, 128, 16, {40}, 2, 0, 30.0, 2e-4}, emu);
   run_flow({"hex4", 1, 2, 64, 16, {40}, 2, 0, 1e-3, 300.0}, emu);
+  run_flow({"hex2", 1, 3, 128, 16, {40}, 2, 0, 30.0, 2e-4}, emu);
 }
 
 // The emulated mma against a plain product, the fragments filled by the
@@ -269,7 +275,7 @@ TEST(HexCudaEmulated, MmaFragmentsFollowThePtxLayout) {
 }
 
 // The same kernels refuse what they do not handle.
-TEST(HexCudaEmulated, TensorCoresOnlyForFourBitCodes) {
+TEST(HexCudaEmulated, TensorCoresOnlyForTwoAndFourBitCodes) {
   Emulated emu;
   emu.tensor_cores = true;
   EXPECT_THROW(run_flow({"hex3", 1, 2, 64, 8, {9}, 1, 0}, emu), Error);

@@ -153,7 +153,7 @@ TEST(HexCuda, SmallFlowForSanitizers) {
   run_flow({"hex4", 1, 2, 64, 8, {3, 29}, 3, 2}, gpu);
 }
 
-// The tensor-core decode (DecodeUnits::tensor_cores): the shapes of the
+// The tensor-core decode (DecodeUnits::tensor_cores, 4 and 2 bits): the shapes of the
 // emulated test (emulated_kernels.cpp), long contexts, and every group size.
 TEST(HexCuda, TensorCoreDecodeMatchesTheHostExecutor) {
   SKIP_WITHOUT_GPU();
@@ -163,15 +163,20 @@ TEST(HexCuda, TensorCoreDecodeMatchesTheHostExecutor) {
   run_flow({"hex4", 1, 8, 64, 8, {7, 33}, 5, 2}, gpu);
   run_flow({"kcvt4", 2, 3, 64, 24, {50, 25}, 4, 1}, gpu);
   run_flow({"h2o4", 1, 1, 64, 16, {40}, 3, 0}, gpu);
-  for (const i64 group : {1, 2, 3, 4, 5, 6, 7, 8})
+  run_flow({"hex2", 2, 4, 128, 16, {1, 17, 40}, 4, 0}, gpu);
+  run_flow({"hex2", 1, 6, 64, 24, {7, 60}, 4, 2}, gpu);
+  for (const i64 group : {1, 2, 3, 4, 5, 6, 7, 8}) {
     run_flow({"hex4", 2, group, 128, 96, {129 * 96 + 1, 32768}, 2, 0}, gpu);
+    run_flow({"hex2", 1, group, 128, 96, {32768}, 2, 0}, gpu);
+  }
   run_flow({"hex4", 1, 4, 64, 96, {32768}, 2, 16}, gpu);
   run_flow({"hex4", 1, 4, 128, 16, {40}, 2, 0, 30.0, 2e-4}, gpu);  // magnitudes far from 1
   run_flow({"hex4", 1, 2, 64, 16, {40}, 2, 0, 1e-3, 300.0}, gpu);
+  run_flow({"hex2", 1, 3, 128, 16, {40}, 2, 0, 30.0, 2e-4}, gpu);
 }
 
 // Tensor cores refuse other bit widths and head dims before any launch.
-TEST(HexCuda, TensorCoresOnlyForFourBitCodes) {
+TEST(HexCuda, TensorCoresOnlyForTwoAndFourBitCodes) {
   SKIP_WITHOUT_GPU();
   Gpu gpu;
   gpu.units = kc::DecodeUnits::tensor_cores;

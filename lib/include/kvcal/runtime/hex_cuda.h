@@ -96,8 +96,8 @@ KVCAL_RUNTIME_API HexDecodeArgs hex_upload_decode(const HexDecodePlan& plan,
 // units: where the quantized rows of the pages are multiplied out. CUDA cores
 // (every geometry), or tensor cores: mma.sync with the codes as binary16
 // operands (exact) and the query or weight factors split into a binary16
-// high part and remainder (about 22 bits), accumulated in float; for 4-bit
-// codes and head_dim 64 or 128, on devices of compute capability 8.0 and
+// high part and remainder (about 22 bits), accumulated in float; for 4- and
+// 2-bit codes and head_dim 64 or 128, on devices of compute capability 8.0 and
 // later (anything else is a runtime::Error before any launch). Kept rows,
 // expander entries and the residual rows stay on the CUDA cores either way.
 enum class DecodeUnits : std::int32_t { cuda_cores = 0, tensor_cores = 1 };

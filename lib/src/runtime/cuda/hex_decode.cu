@@ -105,8 +105,8 @@ void hex_run_decode(const HexDeviceLayer& L, const HexDecodeArgs& a, const float
     throw Error("hex CUDA decode: unknown decode units " + std::to_string(static_cast<int>(units)));
   const bool mma = units == DecodeUnits::tensor_cores;
   if (mma && !mma_geometry(g))
-    throw Error("hex CUDA decode: tensor cores need 4-bit codes and head_dim 64 or 128, got " + std::to_string(g.bits) +
-                " bits and head_dim " + std::to_string(g.head_dim));
+    throw Error("hex CUDA decode: tensor cores need 4- or 2-bit codes and head_dim 64 or 128, got " +
+                std::to_string(g.bits) + " bits and head_dim " + std::to_string(g.head_dim));
   int device = -1;
   const auto attribute = [&](cudaDeviceAttr what) {
     if (device < 0) detail::check(cudaGetDevice(&device), "hex CUDA decode: cudaGetDevice");
@@ -140,10 +140,12 @@ void hex_run_decode(const HexDeviceLayer& L, const HexDecodeArgs& a, const float
       kernel<<<a.n_items, kDecodeThreads, shared, stream>>>(L, a, q, scale, observe, stages);
       detail::check_launch("hex_decode_kernel");
     };
-    if (mma)
-      launch(hex_decode_kernel<G, true>);
+    if (!mma)
+      launch(hex_decode_kernel<G, 0>);
+    else if (g.bits == 4)
+      launch(hex_decode_kernel<G, 4>);
     else
-      launch(hex_decode_kernel<G, false>);
+      launch(hex_decode_kernel<G, 2>);
   });
   hex_merge_kernel<<<a.requests * L.kv_heads, kDecodeThreads, 0, stream>>>(L, a, out, observe);
   detail::check_launch("hex_merge_kernel");

@@ -23,8 +23,8 @@
 //     expander entries' corrections; then starts the next value side.
 // The residual rows (the request's partial block) are read in place.
 //
-// With tensor cores (kMma: 4-bit codes, head_dim a multiple of 64, sm_80 and
-// later), steps 2 and 4 run the quantized rows through mma.m16n8k16 (binary16
+// With tensor cores (kMmaBits: 4- or 2-bit codes, head_dim a multiple of 64,
+// sm_80 and later), steps 2 and 4 run the quantized rows through mma.m16n8k16 (binary16
 // operands, float accumulators) instead: the codes, exact in binary16, are one
 // operand; the other is the float factor split into a binary16 high part and
 // a binary16 remainder (x = hi + lo to about 22 bits), both multiplied in, and
@@ -88,18 +88,21 @@ __device__ inline float warp_max(float x) {
 }
 
 // ------------------------------------------------------------ tensor cores
-// Two 4-bit codes as binary16 (exact): bits 0-3 of x to the low half, bits
-// 16-19 to the high half. On the device 1024 + code is built in the mantissa
-// and 1024 subtracted (one LOP3 and one HSUB2 for two codes).
+// Two B-bit codes (B = 2 or 4) as binary16 (exact): bits 0..B-1 of x to the
+// low half, bits 16..16+B-1 to the high half. On the device 1024 + code is
+// built in the mantissa and 1024 subtracted (one LOP3 and one HSUB2 for two
+// codes).
+template <int B>
 __device__ inline std::uint32_t codes_half2(std::uint32_t x) {
+  constexpr std::uint32_t mask = ((1u << B) - 1u) * 0x00010001u;
 #if defined(__CUDA_ARCH__)
-  const std::uint32_t h = (x & 0x000F000Fu) | 0x64006400u;
+  const std::uint32_t h = (x & mask) | 0x64006400u;
   const __half2 r =
       __hsub2(*reinterpret_cast<const __half2*>(&h), __half2(__ushort_as_half(0x6400u), __ushort_as_half(0x6400u)));
   return *reinterpret_cast<const std::uint32_t*>(&r);
 #else
-  return static_cast<std::uint32_t>(float_to_half(static_cast<float>(x & 0xFu))) |
-         static_cast<std::uint32_t>(float_to_half(static_cast<float>((x >> 16) & 0xFu))) << 16;
+  return static_cast<std::uint32_t>(float_to_half(static_cast<float>(x & mask & 0xFFFFu))) |
+         static_cast<std::uint32_t>(float_to_half(static_cast<float>((x & mask) >> 16))) << 16;
 #endif
 }
 
@@ -162,15 +165,17 @@ __device__ inline void mma16816(float d[4], const std::uint32_t a[4], const std:
 #endif
 }
 
-// The channel that column k (0-15) of key step ks meets in the score product.
-// Lane (groupID, t) of step pair P = ks / 2 reads word 4P + t of its rows
-// (channels 8 (4P + t) + 0..7, nibble q is channel 8 (4P + t) + q) and
-// unpacks it as the nibble pairs (q, q + 4), q = 0..3, with one mask each:
-// pairs 2 (ks % 2) and 2 (ks % 2) + 1 are its columns 2t + e and 2t + 8 + e,
-// e choosing the nibble of the pair.
+// The channel that column k (0-15) of key step ks meets in the score product
+// at B bits (C = 32 / B codes a word, code q of word W is channel C W + q).
+// Lane (groupID, t) of step group P = ks / (C / 4) reads word 4P + t of its
+// rows and unpacks it as the code pairs (q, q + C / 2), q < C / 2, one mask
+// each: pairs 2 hs and 2 hs + 1 (hs = ks % (C / 4)) are its columns 2t + e
+// and 2t + 8 + e, e choosing the code of the pair.
+template <int B>
 __host__ __device__ inline int mma_key_channel(int ks, int k) {
-  const int P = ks / 2, hs = ks % 2, t = (k % 8) / 2, e = k % 2, upper = k / 8;
-  return 32 * P + 8 * t + 2 * hs + upper + 4 * e;
+  constexpr int C = 32 / B;
+  const int P = ks / (C / 4), hs = ks % (C / 4), t = (k % 8) / 2, e = k % 2, upper = k / 8;
+  return 4 * C * P + C * t + 2 * hs + upper + (C / 2) * e;
 }
 
 // Words of a staged row of `bytes` bytes: odd, so that 32 threads reading
@@ -187,7 +192,7 @@ __host__ __device__ inline int mma_words(int bytes) {
 
 // Whether the tensor-core decode handles pages of this geometry.
 __host__ __device__ inline bool mma_geometry(const HexPageGeometry& g) {
-  return g.bits == 4 && g.head_dim % 64 == 0 && g.head_dim <= kMaxHeadDim;
+  return (g.bits == 4 || g.bits == 2) && g.head_dim % 64 == 0 && g.head_dim <= kMaxHeadDim;
 }
 
 // Where the stage buffer (32-bit words) holds one side of a page.
@@ -407,11 +412,15 @@ __device__ inline void score_halves(const half_bits* row, int d, const float* qs
   }
 }
 
-template <int G, bool kMma = false>
-__global__ void __launch_bounds__(kDecodeThreads, kMma ? kDecodeBlocksPerSmMma : kDecodeBlocksPerSm)
+// kMmaBits: 0, the CUDA cores; 4 or 2, tensor cores for pages of that width.
+template <int G, int kMmaBits = 0>
+__global__ void __launch_bounds__(kDecodeThreads, kMmaBits ? kDecodeBlocksPerSmMma : kDecodeBlocksPerSm)
     hex_decode_kernel(HexDeviceLayer L, HexDecodeArgs A, const float* q, float scale, bool observe, int stages) {
   constexpr int Gp = kPadded<G>;
   constexpr int NT = kScoreTiles<G>;
+  constexpr bool kMma = kMmaBits != 0;
+  constexpr int MB = kMma ? kMmaBits : 4;  // (bits of the tensor-core paths)
+  constexpr int CPW = 32 / MB;             // codes per 32-bit word
   const HexPageGeometry g = L.geometry;
   const int H = L.kv_heads, d = g.head_dim, nb = g.block, QH = A.q_heads;
   const int tid = threadIdx.x, nt = blockDim.x, warp = tid / 32, lane = tid % 32, warps = nt / 32;
@@ -585,7 +594,7 @@ __global__ void __launch_bounds__(kDecodeThreads, kMma ? kDecodeBlocksPerSmMma :
         half_bits v[4];
 #pragma unroll
         for (int i = 0; i < 4; ++i) {
-          const int c = mma_key_channel(step, 2 * t4 + (i & 1) + 8 * (i >> 1));
+          const int c = mma_key_channel<MB>(step, 2 * t4 + (i & 1) + 8 * (i >> 1));
           const float xv = j < G ? S.qs[c * Gp + j] * h2f(kpar[c].delta) * ks : 0.0f;
           half_bits hi, lw;
           split_half(xv, hi, lw);
@@ -622,15 +631,16 @@ __global__ void __launch_bounds__(kDecodeThreads, kMma ? kDecodeBlocksPerSmMma :
           const int r0 = mt * 16 + g8, r1 = r0 + 8;  // rows past Q read row Q - 1; their scores are dropped
           const std::uint32_t* row0 = S.kstage + lay.codes + (r0 < Q ? r0 : Q - 1) * lay.code_stride;
           const std::uint32_t* row1 = S.kstage + lay.codes + (r1 < Q ? r1 : Q - 1) * lay.code_stride;
-          for (int P = 0; P < d / 32; ++P) {
+          for (int P = 0; P < d / (4 * CPW); ++P) {
             const std::uint32_t w0 = row0[4 * P + tig], w1 = row1[4 * P + tig];
 #pragma unroll
-            for (int hs = 0; hs < 2; ++hs) {
-              const std::uint32_t a[4] = {codes_half2(w0 >> (8 * hs)), codes_half2(w1 >> (8 * hs)),
-                                          codes_half2(w0 >> (8 * hs + 4)), codes_half2(w1 >> (8 * hs + 4))};
+            for (int hs = 0; hs < CPW / 4; ++hs) {  // pairs 2 hs and 2 hs + 1: shifts 2 hs MB and (2 hs + 1) MB
+              const std::uint32_t a[4] = {codes_half2<MB>(w0 >> (2 * hs * MB)), codes_half2<MB>(w1 >> (2 * hs * MB)),
+                                          codes_half2<MB>(w0 >> ((2 * hs + 1) * MB)),
+                                          codes_half2<MB>(w1 >> ((2 * hs + 1) * MB))};
 #pragma unroll
               for (int T = 0; T < NT; ++T) {
-                const std::uint32_t* bp = S.bfrag + 2 * (((2 * P + hs) * NT + T) * 32 + lane);
+                const std::uint32_t* bp = S.bfrag + 2 * (((CPW / 4 * P + hs) * NT + T) * 32 + lane);
                 const std::uint32_t b[2] = {bp[0], bp[1]};
                 mma16816(acc[T], a, b);
               }
@@ -772,12 +782,18 @@ __global__ void __launch_bounds__(kDecodeThreads, kMma ? kDecodeBlocksPerSmMma :
     __syncthreads();
     // 4. Values: one thread per channel, nt / d row lanes.
     if constexpr (kMma) {
-      if (coded) {  // warps over (64 channels, 16 rows): 8 column tiles of 8 channels, 4 at a time
-        const int CG = d / 64, cg = warp % CG, ww = mma_weight_words(g);
+      if (coded) {
+        // Warps over (8 CPW channels, 16 rows): lane groupID reads word 8 cg
+        // + groupID of the rows (code q of word W is channel CPW W + q), CPW
+        // column tiles of 8 channels, 4 at a time. Words past a row (2 bits,
+        // head_dim 64) read its last word; those channels are dropped.
+        constexpr int CPB = 8 / MB;  // codes per byte
+        const int RW = d / CPW, CG = (RW + 7) / 8, cg = warp % CG, ww = mma_weight_words(g);
         const float unscale = 1.0f / S.mscale[1];
-        const std::uint32_t* codes = S.vstage + lay.codes + 8 * cg + g8;  // word 8 cg + groupID of each row
+        const int word = 8 * cg + g8 < RW ? 8 * cg + g8 : RW - 1;
+        const std::uint32_t* codes = S.vstage + lay.codes + word;
 #pragma unroll 1
-        for (int half = 0; half < 2; ++half) {  // bytes 2 half and 2 half + 1 of the words: tiles 4 half .. +3
+        for (int pass = 0; pass < CPW / 4; ++pass) {  // tiles 4 pass .. 4 pass + 3
           float acc[4][4];
 #pragma unroll
           for (int T = 0; T < 4; ++T) acc[T][0] = acc[T][1] = acc[T][2] = acc[T][3] = 0.0f;
@@ -790,23 +806,21 @@ __global__ void __launch_bounds__(kDecodeThreads, kMma ? kDecodeBlocksPerSmMma :
             const int r = t0 + 2 * tig;
             const std::uint32_t wa = at(r), wb = at(r + 1), wc = at(r + 8), wd = at(r + 9);
 #pragma unroll
-            for (int kk = 0; kk < 2; ++kk) {  // byte k: channels 2k (low nibble) and 2k + 1 of the word
-              const int k = 2 * half + kk;
+            for (int tt = 0; tt < 4; ++tt) {  // tile T = 4 pass + tt: code T % CPB of byte T / CPB
+              const int T = 4 * pass + tt, k = T / CPB, sh = (T % CPB) * MB;
               const std::uint32_t x01 = pair_bytes(wa, wb, k), x89 = pair_bytes(wc, wd, k);
-              const std::uint32_t blo[2] = {codes_half2(x01), codes_half2(x89)};
-              const std::uint32_t bhi[2] = {codes_half2(x01 >> 4), codes_half2(x89 >> 4)};
-              mma16816(acc[2 * kk], a, blo);
-              mma16816(acc[2 * kk + 1], a, bhi);
+              const std::uint32_t bt[2] = {codes_half2<MB>(x01 >> sh), codes_half2<MB>(x89 >> sh)};
+              mma16816(acc[tt], a, bt);
             }
           }
-          // Tile T, column 2 tig (+1) is channel 64 cg + 8 (2 tig) + T (+8);
+          // Tile T, column 2 tig (+1) is channel CPW (8 cg + 2 tig) + T (+CPW);
           // rows groupID and groupID + 8 the hi and lo parts of query groupID.
           if (g8 < G)
 #pragma unroll
-            for (int T = 0; T < 4; ++T) {
-              const int c0 = 64 * cg + 16 * tig + 4 * half + T;
-              atomicAdd(&S.acc[g8 * d + c0], (acc[T][0] + acc[T][2]) * unscale);
-              atomicAdd(&S.acc[g8 * d + c0 + 8], (acc[T][1] + acc[T][3]) * unscale);
+            for (int tt = 0; tt < 4; ++tt) {
+              const int c0 = CPW * (8 * cg + 2 * tig) + 4 * pass + tt;
+              if (c0 < d) atomicAdd(&S.acc[g8 * d + c0], (acc[tt][0] + acc[tt][2]) * unscale);
+              if (c0 + CPW < d) atomicAdd(&S.acc[g8 * d + c0 + CPW], (acc[tt][1] + acc[tt][3]) * unscale);
             }
         }
       }
