@@ -274,6 +274,25 @@ TEST(HexCudaEmulated, MmaFragmentsFollowThePtxLayout) {
     }
 }
 
+// The score product's channel order and the slots B is built in are inverse
+// maps, at 4 and 2 bits: element b_i of lane column t in step s holds
+// column k = 2t + (i & 1) + 8 (i >> 1) of that step.
+TEST(HexCudaEmulated, MmaKeySlotsInvertTheChannelOrder) {
+  const auto check = [](auto bits) {
+    constexpr int B = decltype(bits)::value;
+    std::vector<int> seen(128, 0);
+    for (int c = 0; c < 128; ++c) {
+      const kk::MmaKeySlot s = kk::mma_key_slot<B>(c);
+      ASSERT_TRUE(s.step >= 0 && s.step < 8 && s.t >= 0 && s.t < 4 && s.i >= 0 && s.i < 4) << B << " bits, " << c;
+      EXPECT_EQ(c, kk::mma_key_channel<B>(s.step, 2 * s.t + (s.i & 1) + 8 * (s.i >> 1))) << B << " bits";
+      ++seen[static_cast<std::size_t>(s.step * 16 + 4 * s.t + s.i)];
+    }
+    for (const int n : seen) EXPECT_EQ(1, n) << B << " bits: a slot taken twice or not at all";
+  };
+  check(std::integral_constant<int, 4>{});
+  check(std::integral_constant<int, 2>{});
+}
+
 // The same kernels refuse what they do not handle.
 TEST(HexCudaEmulated, TensorCoresOnlyForTwoAndFourBitCodes) {
   Emulated emu;

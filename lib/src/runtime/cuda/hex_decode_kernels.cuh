@@ -178,6 +178,18 @@ __host__ __device__ inline int mma_key_channel(int ks, int k) {
   return 4 * C * P + C * t + 2 * hs + upper + (C / 2) * e;
 }
 
+// Where channel c meets the score product (the inverse of mma_key_channel):
+// key step, lane column t (threadID_in_group) and fragment element b_i.
+struct MmaKeySlot {
+  int step, t, i;
+};
+template <int B>
+__host__ __device__ inline MmaKeySlot mma_key_slot(int c) {
+  constexpr int C = 32 / B;
+  const int P = c / (4 * C), t = c % (4 * C) / C, q = c % C, e = q / (C / 2), pair = q % (C / 2);
+  return {C / 4 * P + pair / 2, t, e + 2 * (pair % 2)};
+}
+
 // Words of a staged row of `bytes` bytes: odd, so that 32 threads reading
 // the same word of 32 rows hit 32 banks.
 __host__ __device__ inline int odd_words(int bytes) { return bytes <= 0 ? 0 : ((bytes + 3) / 4) | 1; }
@@ -488,6 +500,10 @@ __global__ void __launch_bounds__(kDecodeThreads, kMmaBits ? kDecodeBlocksPerSmM
     S.qs[x] = j < G ? scale * qh[j * d + c] : 0.0f;
   }
   for (int x = tid; x < G * d; x += nt) S.acc[x] = 0.0f;
+  if (kMma) {  // the value weights and score columns of queries G..7 stay zero (pages write those below G)
+    for (int x = tid; x < 16 * mma_weight_words(g); x += nt) S.wh[x] = 0u;
+    for (int x = tid; x < (d / 16) * NT * 64; x += nt) S.bfrag[x] = 0u;
+  }
   if (tid < G) {
     S.m[tid] = -INFINITY;
     S.l[tid] = 0.0f;
@@ -583,25 +599,19 @@ __global__ void __launch_bounds__(kDecodeThreads, kMmaBits ? kDecodeBlocksPerSmM
       }
       for (int c = tid; c < d; c += nt) S.kmin[c] = h2f(kpar[c].min);
       __syncthreads();
-      // B of the score product, lane by lane: column n of tile T is the hi
-      // (or lo) part of query n & 3 (one tile: n < 4 hi, else lo) or of query
-      // n (two tiles: T = 0 hi, T = 1 lo).
-      const float ks = S.mscale[0];
-      for (int x = tid; x < (d / 16) * NT * 32; x += nt) {
-        const int step = x / (NT * 32), T = (x / 32) % NT, ln = x % 32, n = ln >> 2, t4 = ln & 3;
-        const int j = NT == 1 ? (n & 3) : n;
-        const bool lo = NT == 1 ? n >= 4 : T == 1;
-        half_bits v[4];
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {
-          const int c = mma_key_channel<MB>(step, 2 * t4 + (i & 1) + 8 * (i >> 1));
-          const float xv = j < G ? S.qs[c * Gp + j] * h2f(kpar[c].delta) * ks : 0.0f;
-          half_bits hi, lw;
-          split_half(xv, hi, lw);
-          v[i] = lo ? lw : hi;
-        }
-        S.bfrag[2 * x] = static_cast<std::uint32_t>(v[0]) | static_cast<std::uint32_t>(v[1]) << 16;
-        S.bfrag[2 * x + 1] = static_cast<std::uint32_t>(v[2]) | static_cast<std::uint32_t>(v[3]) << 16;
+      // B of the score product, scattered from each (channel, query): its hi
+      // part goes to column j, its lo part to column 4 + j (one tile) or to
+      // column j of tile 1 (two tiles); see mma_key_channel for the order.
+      const float kscale = S.mscale[0];
+      auto* bh = reinterpret_cast<half_bits*>(S.bfrag);
+      for (int x = tid; x < d * G; x += nt) {
+        const int c = x / G, j = x % G;
+        half_bits hi, lo;
+        split_half(S.qs[c * Gp + j] * h2f(kpar[c].delta) * kscale, hi, lo);
+        const MmaKeySlot k = mma_key_slot<MB>(c);  // element b_i of lane 4 n + t
+        const auto at = [&](int T, int n) { return 4 * ((k.step * NT + T) * 32 + 4 * n + k.t) + k.i; };
+        bh[at(0, j)] = hi;
+        bh[NT == 1 ? at(0, 4 + j) : at(1, j)] = lo;
       }
     }
     if (!kMma && coded)
@@ -646,29 +656,30 @@ __global__ void __launch_bounds__(kDecodeThreads, kMmaBits ? kDecodeBlocksPerSmM
               }
             }
           }
-          // Queries 2 tig and 2 tig + 1 of rows r0 and r1: hi + lo.
+          // hi + lo of queries 2 q2 and 2 q2 + 1, rows r0 and r1. With one
+          // tile, lanes tig and tig ^ 2 hold the same sums (q2 = tig % 2)
+          // and take one row each.
           float sc[4];
 #pragma unroll
           for (int e = 0; e < 4; ++e)
             sc[e] = NT == 1 ? acc[0][e] + __shfl_xor_sync(0xffffffffu, acc[0][e], 2) : acc[0][e] + acc[NT - 1][e];
-          if (NT == 2 || tig < 2)
+          const int q2 = NT == 1 ? (tig & 1) : tig;
 #pragma unroll
-            for (int rr = 0; rr < 2; ++rr) {
-              const int row = rr == 0 ? r0 : r1;
-              if (row >= Q) continue;
-              const int t = S.qt[row];
-#pragma unroll
-              for (int e = 0; e < 2; ++e) {
-                const int j = 2 * tig + e;
-                if (j >= G) continue;
-                float v = fmaf(sc[2 * rr + e], unscale, S.bias[j]);
-                for (int x = 0; x < d1; ++x) {  // expander entries: x replaces min_c
-                  const int c = S.mask[t * d1 + x];
-                  v = fmaf(S.qs[c * Gp + j], h2f(ks[row * d1 + x]) - S.kmin[c], v);
-                }
-                S.p[j * nb + t] = v;
-              }
+          for (int rr = 0; rr < 2; ++rr) {
+            const int row = rr == 0 ? r0 : r1;
+            if ((NT == 1 && rr != (tig >> 1)) || row >= Q || 2 * q2 >= G) continue;
+            const int t = S.qt[row];
+            float v0 = fmaf(sc[2 * rr], unscale, S.bias[2 * q2]);
+            float v1 = 2 * q2 + 1 < G ? fmaf(sc[2 * rr + 1], unscale, S.bias[2 * q2 + 1]) : 0.0f;
+            for (int x = 0; x < d1; ++x) {  // expander entries: x replaces min_c
+              const int c = S.mask[t * d1 + x];
+              const float diff = h2f(ks[row * d1 + x]) - S.kmin[c];
+              v0 = fmaf(S.qs[c * Gp + 2 * q2], diff, v0);
+              v1 = fmaf(S.qs[c * Gp + 2 * q2 + 1], diff, v1);  // (Gp is even: in bounds)
             }
+            S.p[2 * q2 * nb + t] = v0;
+            if (2 * q2 + 1 < G) S.p[(2 * q2 + 1) * nb + t] = v1;
+          }
         }
       }
     }
@@ -764,9 +775,9 @@ __global__ void __launch_bounds__(kDecodeThreads, kMmaBits ? kDecodeBlocksPerSmM
       const int rows = mma_rows(g), ww = 2 * mma_weight_words(g);
       auto* wh = reinterpret_cast<half_bits*>(S.wh);
       const float vs = S.mscale[1];
-      for (int x = tid; x < 8 * rows; x += nt) {
+      for (int x = tid; x < G * rows; x += nt) {
         const int j = x / rows, row = x % rows;
-        const float w = j < G && row < Q ? S.p[j * nb + S.qt[row]] * h2f(vpar[row].delta) * vs : 0.0f;
+        const float w = row < Q ? S.p[j * nb + S.qt[row]] * h2f(vpar[row].delta) * vs : 0.0f;
         split_half(w, wh[j * ww + row], wh[(8 + j) * ww + row]);
       }
     }
