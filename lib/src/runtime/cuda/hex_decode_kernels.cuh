@@ -250,7 +250,6 @@ struct DecodeShared {
   float *kmin, *acc, *p;  // [d], [G][d], [G][nb]
   float *bias, *vbias, *m, *l, *alpha;
   float* mscale;                // tensor cores: the powers of two the key and value factors are scaled by
-  float* qmax;                  // tensor cores: the largest |scale q| of the item
   std::int32_t *qt, *kt, *tq;   // quantized row -> token, kept row -> token, token -> quantized row or -1
   std::int32_t *col_ptr, *col;  // the mask by column: entries (t << 8 | e) of channel c at [col_ptr[c], col_ptr[c + 1])
   std::int32_t* mask;           // the mask's columns, [nb][d1]
@@ -265,7 +264,7 @@ struct DecodeShared {
   }
   __host__ __device__ static std::size_t bytes(const HexPageGeometry& g, int stages = 2, bool mma = false) {
     const std::size_t d = g.head_dim, nb = g.block, d1 = g.bits == 0 ? 0 : g.mask_degree;
-    return (2 * d * Gp + 2 * nb * Gp + mma_words_b(g, mma) + mma_words_w(g, mma) + d + G * d + G * nb + 5 * G + 3 +
+    return (2 * d * Gp + 2 * nb * Gp + mma_words_b(g, mma) + mma_words_w(g, mma) + d + G * d + G * nb + 5 * G + 2 +
             3 * nb + d + 1 + 2 * nb * d1 + static_cast<std::size_t>(stages) * StageLayout(g, mma).words) *
            4;
   }
@@ -286,8 +285,7 @@ struct DecodeShared {
     l = m + G;
     alpha = l + G;
     mscale = alpha + G;
-    qmax = mscale + 2;
-    qt = reinterpret_cast<std::int32_t*>(qmax + 1);
+    qt = reinterpret_cast<std::int32_t*>(mscale + 2);
     kt = qt + nb;
     tq = kt + nb;
     col_ptr = tq + nb;
@@ -531,6 +529,8 @@ __global__ void __launch_bounds__(kDecodeThreads, kMmaBits ? kDecodeBlocksPerSmM
         if (S.mask[x] == c) S.col[at++] = (x / md) << 8 | (x % md);
     }
   }
+  float qmax = 0.0f;  // tensor cores, warp 0: the largest |scale q| of the item, once known
+  bool have_qmax = false;
   for (int u = 0; u < units; ++u) {
     const bool is_res = u == item.blocks;
     HexBlockView b;
@@ -583,19 +583,15 @@ __global__ void __launch_bounds__(kDecodeThreads, kMmaBits ? kDecodeBlocksPerSmM
       // The power of two that keeps scale q delta within binary16 (below
       // 2^14): from the largest |scale q| of the item and delta of the page.
       if (warp == 0) {
-        float mq = 0.0f, md2 = 0.0f;
-        if (u == 0) {
-          for (int x = lane; x < d * Gp; x += 32) mq = fmaxf(mq, fabsf(S.qs[x]));
-          mq = warp_max(mq);
-        } else {
-          mq = *S.qmax;
+        if (!have_qmax) {  // at the item's first coded page (warp 0 keeps it in registers)
+          for (int x = lane; x < d * Gp; x += 32) qmax = fmaxf(qmax, fabsf(S.qs[x]));
+          qmax = warp_max(qmax);
+          have_qmax = true;
         }
+        float md2 = 0.0f;
         for (int c = lane; c < d; c += 32) md2 = fmaxf(md2, fabsf(h2f(kpar[c].delta)));
         md2 = warp_max(md2);
-        if (lane == 0) {
-          *S.qmax = mq;
-          S.mscale[0] = pow2(12 - floor_log2(mq) - floor_log2(md2));
-        }
+        if (lane == 0) S.mscale[0] = pow2(12 - floor_log2(qmax) - floor_log2(md2));
       }
       for (int c = tid; c < d; c += nt) S.kmin[c] = h2f(kpar[c].min);
       __syncthreads();
