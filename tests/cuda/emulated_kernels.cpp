@@ -11,6 +11,8 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <array>
 #include <cstdint>
 #include <cstring>
 #include <memory>
@@ -123,6 +125,9 @@ struct Emulated {
     const std::size_t slots = static_cast<std::size_t>(plan.split_indptr.back());
     std::vector<float> pmax(slots * q_heads), psum(pmax.size()), pacc(pmax.size() * L.geometry.head_dim);
     std::vector<float> res(plan.residual_rows.size() * q_heads * L.geometry.block);
+    const bool columns = kk::mask_columns(L.geometry);
+    std::vector<std::int32_t> col_ptr(columns ? L.geometry.head_dim + 1 : 0),
+        col(columns ? L.geometry.block * L.geometry.mask_degree : 0);
     kc::HexDecodeArgs a;
     a.items = plan.items.data();
     a.split_indptr = plan.split_indptr.data();
@@ -134,12 +139,17 @@ struct Emulated {
     a.part_sum = psum.data();
     a.part_acc = pacc.data();
     a.res_scores = res.data();
+    a.mask_col_ptr = col_ptr.data();
+    a.mask_col = col.data();
     a.n_items = static_cast<std::int32_t>(plan.items.size());
     a.requests = static_cast<std::int32_t>(plan.residual_rows.size());
     a.slots = static_cast<std::int32_t>(slots);
     a.q_heads = q_heads;
     if (tensor_cores && !kk::mma_geometry(L.geometry))
       throw Error("emulated decode: tensor cores asked for a geometry they do not handle");
+    if (columns)
+      emu::launch(static_cast<unsigned>(kk::mask_column_blocks(L.geometry.head_dim)), kk::kColumnThreads, 0,
+                  [&] { kk::hex_mask_columns_kernel(L, a); });
     kk::with_group(q_heads / L.kv_heads, [&](auto group) {
       constexpr int G = decltype(group)::value;
       const auto run = [&](auto mma_bits) {
@@ -155,8 +165,8 @@ struct Emulated {
       else
         run(std::integral_constant<int, 2>{});
     });
-    emu::launch(static_cast<unsigned>(a.requests * L.kv_heads), kk::kDecodeThreads, 0,
-                [&] { kk::hex_merge_kernel(L, a, out, observe); });
+    emu::launch(static_cast<unsigned>(kk::merge_blocks(a.requests, L.kv_heads, q_heads, L.geometry.head_dim)),
+                kk::kMergeThreads, 0, [&] { kk::hex_merge_kernel(L, a, out, observe); });
   }
 };
 
@@ -291,6 +301,49 @@ TEST(HexCudaEmulated, MmaKeySlotsInvertTheChannelOrder) {
   };
   check(std::integral_constant<int, 4>{});
   check(std::integral_constant<int, 2>{});
+}
+
+// The mask by column against a brute-force listing: every channel's entries
+// in row order, offsets that partition them; blocks whose mask spans one
+// chunk of the kernel's threads and several, channels with no entry, a head
+// dim that is not a multiple of 32, degree 1 to 8.
+TEST(HexCudaEmulated, MaskColumnsListEachChannelsEntriesInRowOrder) {
+  std::mt19937 rng(7);
+  for (const auto& [block, dim, degree] :
+       std::vector<std::array<int, 3>>{{8, 40, 3}, {96, 128, 4}, {33, 64, 8}, {5, 128, 1}}) {
+    SCOPED_TRACE(std::to_string(block) + " rows, head_dim " + std::to_string(dim) + ", degree " +
+                 std::to_string(degree));
+    std::vector<std::int32_t> mask;
+    for (int t = 0; t < block; ++t) {  // distinct sorted columns per row, skewed to leave channels empty
+      std::vector<std::int32_t> all(static_cast<std::size_t>(dim));
+      for (int c = 0; c < dim; ++c) all[static_cast<std::size_t>(c)] = c;
+      std::shuffle(all.begin(), all.begin() + dim * 3 / 4, rng);
+      std::sort(all.begin(), all.begin() + degree);
+      mask.insert(mask.end(), all.begin(), all.begin() + degree);
+    }
+    kc::HexDeviceLayer L;
+    L.geometry.head_dim = dim;
+    L.geometry.block = block;
+    L.geometry.mask_degree = degree;
+    L.geometry.bits = 4;
+    L.mask = mask.data();
+    std::vector<std::int32_t> col_ptr(static_cast<std::size_t>(dim) + 1, -1), col(mask.size(), -1);
+    kc::HexDecodeArgs a;
+    a.mask_col_ptr = col_ptr.data();
+    a.mask_col = col.data();
+    emu::launch(static_cast<unsigned>(kk::mask_column_blocks(dim)), kk::kColumnThreads, 0,
+                [&] { kk::hex_mask_columns_kernel(L, a); });
+    std::vector<std::int32_t> want_ptr{0}, want;
+    for (int c = 0; c < dim; ++c) {
+      for (int x = 0; x < block * degree; ++x)
+        if (mask[static_cast<std::size_t>(x)] == c) want.push_back((x / degree) << 8 | (x % degree));
+      want_ptr.push_back(static_cast<std::int32_t>(want.size()));
+    }
+    EXPECT_EQ(want_ptr, col_ptr);
+    EXPECT_EQ(want, col);
+    // Columns from 3/4 of the head dim up are never drawn: the last channel is empty.
+    EXPECT_EQ(want_ptr[static_cast<std::size_t>(dim)], want_ptr[static_cast<std::size_t>(dim) - 1]);
+  }
 }
 
 // The same kernels refuse what they do not handle.

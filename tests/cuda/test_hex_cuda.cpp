@@ -324,6 +324,12 @@ TEST(HexCuda, ArgumentsAreCheckedBeforeAnyLaunch) {
   kc::HexDeviceLayer wide = L;
   wide.geometry.head_dim = 256;
   EXPECT_THROW(kc::hex_run_decode(wide, da, &x, 1.0f, &x, false, nullptr), Error);
+  kc::HexDeviceLayer masked = L;  // expander entries: the decode needs room for the mask by column
+  masked.geometry.mask_degree = 2;
+  masked.mask = reinterpret_cast<const std::int32_t*>(fake.data());
+  da.n_items = 1;
+  EXPECT_THROW(kc::hex_run_decode(masked, da, &x, 1.0f, &x, false, nullptr), Error);
+  da.n_items = 0;
   const HexDecodePlan dp = cache.plan_decode({id});
   std::vector<std::int32_t> indptr, indices;
   cache.page_table({id}, indptr, indices);

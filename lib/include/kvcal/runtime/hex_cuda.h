@@ -73,6 +73,10 @@ struct HexDecodeArgs {
   const std::int32_t *split_indptr = nullptr, *residual_rows = nullptr, *residual_page = nullptr;
   const std::int32_t *page_indptr = nullptr, *page_indices = nullptr;
   float *part_max = nullptr, *part_sum = nullptr, *part_acc = nullptr, *res_scores = nullptr;
+  // The mask by column, filled at each hex_run_decode before the pages are
+  // read: channel c's entries (token << 8 | entry) at [mask_col_ptr[c],
+  // mask_col_ptr[c + 1]) of mask_col.
+  std::int32_t *mask_col_ptr = nullptr, *mask_col = nullptr;
   std::int32_t n_items = 0, requests = 0, slots = 0, q_heads = 0;
 };
 

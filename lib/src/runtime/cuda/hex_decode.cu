@@ -15,7 +15,7 @@ namespace {
 using namespace kernels;  // NOLINT(google-build-using-namespace)
 
 struct DecodeSizes {
-  std::size_t items, requests, slots, indptr, indices, partial, acc, res;
+  std::size_t items, requests, slots, indptr, indices, partial, acc, res, col_ptr, col;
 };
 
 DecodeSizes sizes(const HexDecodePlan& plan, std::size_t indices, const HexPageGeometry& g, std::int32_t q_heads) {
@@ -28,14 +28,17 @@ DecodeSizes sizes(const HexDecodePlan& plan, std::size_t indices, const HexPageG
           indices,
           slots * q_heads,
           slots * q_heads * g.head_dim,
-          requests * q_heads * g.block};
+          requests * q_heads * g.block,
+          mask_columns(g) ? static_cast<std::size_t>(g.head_dim) + 1 : 0,
+          mask_columns(g) ? static_cast<std::size_t>(g.block) * g.mask_degree : 0};
 }
 
 template <class F>
 void carve_decode(detail::Carve& c, const DecodeSizes& z, F&& at) {
   at(c.take<HexDecodeItem>(z.items), c.take<std::int32_t>(z.slots), c.take<std::int32_t>(z.requests),
      c.take<std::int32_t>(z.requests), c.take<std::int32_t>(z.indptr), c.take<std::int32_t>(z.indices),
-     c.take<float>(z.partial), c.take<float>(z.partial), c.take<float>(z.acc), c.take<float>(z.res));
+     c.take<float>(z.partial), c.take<float>(z.partial), c.take<float>(z.acc), c.take<float>(z.res),
+     c.take<std::int32_t>(z.col_ptr), c.take<std::int32_t>(z.col));
 }
 
 }  // namespace
@@ -65,7 +68,8 @@ HexDecodeArgs hex_upload_decode(const HexDecodePlan& plan, const std::vector<std
   };
   carve_decode(c, sizes(plan, page_indices.size(), g, q_heads),
                [&](HexDecodeItem* items, std::int32_t* split, std::int32_t* rows, std::int32_t* rpage,
-                   std::int32_t* indptr, std::int32_t* indices, float* pmax, float* psum, float* pacc, float* res) {
+                   std::int32_t* indptr, std::int32_t* indices, float* pmax, float* psum, float* pacc, float* res,
+                   std::int32_t* col_ptr, std::int32_t* col) {
                  copy(items, plan.items.data(), plan.items.size() * sizeof(HexDecodeItem));
                  copy(split, plan.split_indptr.data(), plan.split_indptr.size() * 4);
                  copy(rows, plan.residual_rows.data(), requests * 4);
@@ -82,6 +86,8 @@ HexDecodeArgs hex_upload_decode(const HexDecodePlan& plan, const std::vector<std
                  a.part_sum = psum;
                  a.part_acc = pacc;
                  a.res_scores = res;
+                 a.mask_col_ptr = col_ptr;
+                 a.mask_col = col;
                });
   a.n_items = static_cast<std::int32_t>(plan.items.size());
   a.requests = static_cast<std::int32_t>(requests);
@@ -117,6 +123,11 @@ void hex_run_decode(const HexDeviceLayer& L, const HexDecodeArgs& a, const float
   if (mma && attribute(cudaDevAttrComputeCapabilityMajor) < 8)
     throw Error("hex CUDA decode: tensor cores need a device of compute capability 8.0 or later");
   if (a.n_items == 0) return;
+  if (mask_columns(g)) {
+    if (!a.mask_col_ptr || !a.mask_col) throw Error("hex CUDA decode: the arguments have no room for the mask columns");
+    hex_mask_columns_kernel<<<mask_column_blocks(g.head_dim), kColumnThreads, 0, stream>>>(L, a);
+    detail::check_launch("hex_mask_columns_kernel");
+  }
   with_group(a.q_heads / L.kv_heads, [&](auto group) {
     constexpr int G = decltype(group)::value;
     const auto launch = [&](auto kernel) {
@@ -147,7 +158,8 @@ void hex_run_decode(const HexDeviceLayer& L, const HexDecodeArgs& a, const float
     else
       launch(hex_decode_kernel<G, 2>);
   });
-  hex_merge_kernel<<<a.requests * L.kv_heads, kDecodeThreads, 0, stream>>>(L, a, out, observe);
+  hex_merge_kernel<<<merge_blocks(a.requests, L.kv_heads, a.q_heads, g.head_dim), kMergeThreads, 0, stream>>>(L, a, out,
+                                                                                                              observe);
   detail::check_launch("hex_merge_kernel");
 }
 

@@ -54,7 +54,7 @@ constexpr int kDecodeThreads = 128;
 // one unit ahead spills 56-112 bytes at most group sizes; at 5, 16 at most.)
 constexpr int kDecodeBlocksPerSm = 5;
 // With tensor cores: 4 (at 5, 96 registers a thread, the fragments and the
-// CUDA-core paths beside them spill 84-120 bytes).
+// CUDA-core paths beside them spill 84-168 bytes).
 constexpr int kDecodeBlocksPerSmMma = 4;
 constexpr int kMaxGroup = 8;
 constexpr int kMaxHeadDim = 128;
@@ -422,6 +422,54 @@ __device__ inline void score_halves(const half_bits* row, int d, const float* qs
   }
 }
 
+// Whether pages of this geometry carry expander entries (and the decode the
+// mask by column).
+__host__ __device__ inline bool mask_columns(const HexPageGeometry& g) { return g.bits != 0 && g.mask_degree > 0; }
+
+// The mask by column, once per decode launch: channel c's entries (t << 8 |
+// e for mask[t][e] == c) in row order at [mask_col_ptr[c], mask_col_ptr[c +
+// 1]), for the value pass to add the entries' corrections without atomics.
+// A warp per channel (kColumnsPerWarp in turn): one pass over the mask counts
+// the entries below c (c's start) and in c, a second places c's entries,
+// ballots ranking them in order. (One block doing every channel took 23 us
+// on an H100, serially before the decode.)
+constexpr int kColumnThreads = 128;
+constexpr int kColumnsPerWarp = 4;
+__host__ __device__ inline int mask_column_blocks(int head_dim) {
+  constexpr int per_block = kColumnThreads / 32 * kColumnsPerWarp;
+  return (head_dim + per_block - 1) / per_block;
+}
+__device__ inline int warp_sum_int(int x) {
+  for (int o = 16; o > 0; o >>= 1) x += __shfl_xor_sync(0xffffffffu, x, o);
+  return x;
+}
+__global__ void __launch_bounds__(kColumnThreads) hex_mask_columns_kernel(HexDeviceLayer L, HexDecodeArgs A) {
+  const int d = L.geometry.head_dim, md = L.geometry.mask_degree, n = L.geometry.block * md;
+  const int lane = threadIdx.x % 32, first = (blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32) * kColumnsPerWarp;
+  for (int c = first; c < first + kColumnsPerWarp && c < d; ++c) {
+    int below = 0, here = 0;
+    for (int x = lane; x < n; x += 32) {
+      const int m = L.mask[x];
+      below += m >= 0 && m < c ? 1 : 0;
+      here += m == c ? 1 : 0;
+    }
+    below = warp_sum_int(below);
+    here = warp_sum_int(here);
+    if (lane == 0) {
+      A.mask_col_ptr[c] = below;
+      if (c == d - 1) A.mask_col_ptr[d] = below + here;
+    }
+    int at = below;
+    for (int x0 = 0; x0 < n && here > 0; x0 += 32) {
+      const int x = x0 + lane;
+      const bool mine = x < n && L.mask[x] == c;
+      const unsigned ballot = __ballot_sync(0xffffffffu, mine);
+      if (mine) A.mask_col[at + __popc(ballot & ((1u << lane) - 1u))] = (x / md) << 8 | (x % md);
+      at += __popc(ballot);
+    }
+  }
+}
+
 // kMmaBits: 0, the CUDA cores; 4 or 2, tensor cores for pages of that width.
 template <int G, int kMmaBits = 0>
 __global__ void __launch_bounds__(kDecodeThreads, kMmaBits ? kDecodeBlocksPerSmMma : kDecodeBlocksPerSm)
@@ -484,12 +532,17 @@ __global__ void __launch_bounds__(kDecodeThreads, kMmaBits ? kDecodeBlocksPerSmM
   };
   const auto stage_keys = [&](int u) { stage_side(u, true); };
   const auto stage_values = [&](int u) { stage_side(u, false); };
-  // The shared mask by column (the same for every page): each channel's
-  // entries, for the value pass to add their corrections without atomics.
-  // Its copy is the first group; the first page's sides follow it.
-  const int md = g.bits != 0 && L.mask ? g.mask_degree : 0;
+  // The mask and the mask by column (the same for every page; see
+  // hex_mask_columns_kernel): the first group of copies, waited for with the
+  // first page's key side.
+  const int md = mask_columns(g) && L.mask ? g.mask_degree : 0;
   for (int x = tid; x < nb * md; x += nt)
     copy_word(reinterpret_cast<std::uint32_t*>(S.mask + x), reinterpret_cast<const std::uint32_t*>(L.mask + x));
+  for (int x = tid; x <= d && md > 0; x += nt)
+    copy_word(reinterpret_cast<std::uint32_t*>(S.col_ptr + x),
+              reinterpret_cast<const std::uint32_t*>(A.mask_col_ptr + x));
+  for (int x = tid; x < nb * md; x += nt)
+    copy_word(reinterpret_cast<std::uint32_t*>(S.col + x), reinterpret_cast<const std::uint32_t*>(A.mask_col + x));
   copy_commit();
   stage_keys(0);
   if (two) stage_values(0);
@@ -505,29 +558,6 @@ __global__ void __launch_bounds__(kDecodeThreads, kMmaBits ? kDecodeBlocksPerSmM
   if (tid < G) {
     S.m[tid] = -INFINITY;
     S.l[tid] = 0.0f;
-  }
-  if (md > 0) {
-    if (two)  // the mask
-      copy_wait_prior<2>();
-    else
-      copy_wait_prior<1>();
-    __syncthreads();
-    for (int c = tid; c < d; c += nt) {
-      int n_c = 0;
-      for (int x = 0; x < nb * md; ++x) n_c += S.mask[x] == c ? 1 : 0;
-      S.col_ptr[c + 1] = n_c;
-    }
-    __syncthreads();
-    if (tid == 0) {
-      S.col_ptr[0] = 0;
-      for (int c = 0; c < d; ++c) S.col_ptr[c + 1] += S.col_ptr[c];
-    }
-    __syncthreads();
-    for (int c = tid; c < d; c += nt) {
-      int at = S.col_ptr[c];
-      for (int x = 0; x < nb * md; ++x)
-        if (S.mask[x] == c) S.col[at++] = (x / md) << 8 | (x % md);
-    }
   }
   float qmax = 0.0f;  // tensor cores, warp 0: the largest |scale q| of the item, once known
   bool have_qmax = false;
@@ -740,11 +770,12 @@ __global__ void __launch_bounds__(kDecodeThreads, kMmaBits ? kDecodeBlocksPerSmM
     }
     wait_side();
     __syncthreads();
-    for (int x = tid; x < G * n; x += nt) {
-      const int j = x / n, t = x % n;
-      S.p[j * nb + t] = expf(S.p[j * nb + t] - S.m[j]);
-    }
-    for (int x = tid; x < G * d; x += nt) S.acc[x] *= S.alpha[x / d];
+#pragma unroll
+    for (int j = 0; j < G; ++j)
+      for (int t = tid; t < n; t += nt) S.p[j * nb + t] = expf(S.p[j * nb + t] - S.m[j]);
+    for (int c = tid; c < d; c += nt)
+#pragma unroll
+      for (int j = 0; j < G; ++j) S.acc[j * d + c] *= S.alpha[j];
     if (kMma && coded && warp == 0) {  // p <= 1: p delta below 2^14 once scaled
       float mv = 0.0f;
       for (int x = lane; x < Q; x += 32)
@@ -896,41 +927,76 @@ inline void with_group(int group, F&& f) {
   f(std::integral_constant<int, G>{});
 }
 
-__global__ void __launch_bounds__(kDecodeThreads)
+// The merge of a request's splits: blocks over (request, KV head, 32 of the
+// group's G d outputs). Each block finds its queries' largest partial maximum
+// and sum (a warp per query, lanes over the splits), then its warps take the
+// splits in turn (lanes over the outputs: 128-byte reads), a tile of split
+// weights at a time in shared memory; the warps' sums are added in a fixed
+// order (the outputs are the same from run to run).
+constexpr int kMergeThreads = 128;
+constexpr int kMergeOutputs = 32;
+constexpr int kMergeTile = 128;
+__host__ __device__ inline int merge_blocks(int requests, int kv_heads, int q_heads, int head_dim) {
+  const int G = kv_heads > 0 ? q_heads / kv_heads : 0;
+  return requests * kv_heads * ((G * head_dim + kMergeOutputs - 1) / kMergeOutputs);
+}
+
+__global__ void __launch_bounds__(kMergeThreads)
     hex_merge_kernel(HexDeviceLayer L, HexDecodeArgs A, float* out, bool observe) {
   const HexPageGeometry g = L.geometry;
   const int H = L.kv_heads, d = g.head_dim, nb = g.block, QH = A.q_heads, G = QH / H;
-  const int i = blockIdx.x / H, h = blockIdx.x % H, tid = threadIdx.x, nt = blockDim.x;
+  const int chunks = (G * d + kMergeOutputs - 1) / kMergeOutputs;
+  const int ih = blockIdx.x / chunks, chunk = blockIdx.x % chunks, i = ih / H, h = ih % H;
+  const int tid = threadIdx.x, nt = blockDim.x, warp = tid / 32, lane = tid % 32, warps = nt / 32;
   const int s0 = A.split_indptr[i], s1 = A.split_indptr[i + 1];
-  __shared__ float M[kMaxGroup], inv[kMaxGroup];
-  if (tid < G) {
-    const std::int64_t j = h * G + tid;
+  __shared__ float M[kMaxGroup], inv[kMaxGroup], w[kMergeTile * kMaxGroup], part[kMergeThreads];
+  for (int jj = warp; jj < G; jj += warps) {
+    const std::int64_t j = h * G + jj;
     float mx = -INFINITY;
-    for (int s = s0; s < s1; ++s) mx = fmaxf(mx, A.part_max[s * QH + j]);
+    for (int s = s0 + lane; s < s1; s += 32) mx = fmaxf(mx, A.part_max[s * QH + j]);
+    mx = warp_max(mx);
     float sum = 0.0f;
-    for (int s = s0; s < s1; ++s) sum += A.part_sum[s * QH + j] * expf(A.part_max[s * QH + j] - mx);
-    M[tid] = mx;
-    inv[tid] = 1.0f / sum;
+    for (int s = s0 + lane; s < s1; s += 32) sum += A.part_sum[s * QH + j] * expf(A.part_max[s * QH + j] - mx);
+    sum = warp_sum(sum);
+    if (lane == 0) {
+      M[jj] = mx;
+      inv[jj] = 1.0f / sum;
+    }
   }
   __syncthreads();
-  for (int x = tid; x < G * d; x += nt) {
-    const int jj = x / d, c = x % d;
-    const std::int64_t j = h * G + jj;
-    float o = 0.0f;
-    for (int s = s0; s < s1; ++s) o += A.part_acc[(s * QH + j) * d + c] * expf(A.part_max[s * QH + j] - M[jj]);
-    out[(static_cast<std::int64_t>(i) * QH + j) * d + c] = o * inv[jj];
+  const int x = chunk * kMergeOutputs + lane, jj = x < G * d ? x / d : 0, c = x % d;
+  const std::int64_t j = h * G + jj;
+  float o = 0.0f;
+  for (int t0 = s0; t0 < s1; t0 += kMergeTile) {
+    const int n = s1 - t0 < kMergeTile ? s1 - t0 : kMergeTile;
+    for (int y = tid; y < n * G; y += nt)
+      w[y] = expf(A.part_max[static_cast<std::int64_t>(t0 + y / G) * QH + h * G + y % G] - M[y % G]);
+    __syncthreads();
+    if (x < G * d) {
+      const float* pa = A.part_acc + (static_cast<std::int64_t>(t0) * QH + j) * d + c;
+#pragma unroll 4
+      for (int s = warp; s < n; s += warps) o = fmaf(pa[static_cast<std::int64_t>(s) * QH * d], w[s * G + jj], o);
+    }
+    __syncthreads();
   }
-  if (!observe) return;
+  part[tid] = o;
+  __syncthreads();
+  if (warp == 0 && x < G * d) {
+    float sum = 0.0f;
+    for (int k = 0; k < warps; ++k) sum += part[k * 32 + lane];
+    out[(static_cast<std::int64_t>(i) * QH + j) * d + c] = sum * inv[jj];
+  }
+  if (!observe || chunk != 0) return;
   const int R = A.residual_rows[i];
   float* sc =
       reinterpret_cast<float*>(L.residual + static_cast<std::int64_t>(A.residual_page[i]) * g.residual_bytes(H) +
                                2 * g.residual_rows_bytes(H)) +
       static_cast<std::int64_t>(h) * nb;
   for (int t = tid; t < R; t += nt) {
-    float w = 0.0f;
-    for (int jj = 0; jj < G; ++jj)
-      w += expf(A.res_scores[(static_cast<std::int64_t>(i) * QH + h * G + jj) * nb + t] - M[jj]) * inv[jj];
-    sc[t] += w;
+    float wt = 0.0f;
+    for (int q = 0; q < G; ++q)
+      wt += expf(A.res_scores[(static_cast<std::int64_t>(i) * QH + h * G + q) * nb + t] - M[q]) * inv[q];
+    sc[t] += wt;
   }
 }
 
