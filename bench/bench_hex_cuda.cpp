@@ -86,13 +86,14 @@ std::shared_ptr<const rt::Mask> mask(std::int64_t d1) {
   return m;
 }
 
-// Decode work items to aim for: 16 per multiprocessor, a few waves of the
-// thread blocks that fit at once (so that the last wave's tail is short).
-std::int32_t decode_items() {
+// Decode work items to aim for: by default 16 per multiprocessor, a few
+// waves of the thread blocks that fit at once (so that the last wave's tail
+// is short); BM_decode_items tries others.
+std::int32_t decode_items(int per_sm = 16) {
   int device = 0, sms = 0;
   cudaGetDevice(&device);
   cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
-  return std::max(1, sms) * 16;
+  return std::max(1, sms) * per_sm;
 }
 
 // One layer's cache for `batch` requests of `context` tokens, filled on the device.
@@ -110,7 +111,7 @@ struct Layer {
   std::unique_ptr<DeviceBuffer> chess_mem;
   double selected_fraction = 1.0;
 
-  Layer(int bits, std::int64_t context, int batch, bool chess = false) {
+  Layer(int bits, std::int64_t context, int batch, bool chess = false, int items_per_sm = 16) {
     rt::HexOptions o = rt::hex_method(bits == 0 ? "fp16" : "hex" + std::to_string(bits));
     o.block = kBlock;
     const std::int64_t d1 = bits == 0 ? 0 : kDim / 32;
@@ -189,9 +190,9 @@ struct Layer {
       std::int64_t kept = 0;
       for (const std::int32_t c : counts) kept += c;
       selected_fraction = static_cast<double>(kept) / static_cast<double>(batch * (context / kBlock));
-      plan = cache->plan_decode(ids, counts, 0, decode_items());
+      plan = cache->plan_decode(ids, counts, 0, decode_items(items_per_sm));
     } else {
-      plan = cache->plan_decode(ids, 0, decode_items());
+      plan = cache->plan_decode(ids, 0, decode_items(items_per_sm));
       cache->page_table(ids, indptr, indices);
     }
     const std::size_t wsb = kc::hex_decode_workspace_bytes(plan, indices, g, kQHeads);
@@ -298,10 +299,11 @@ void decode_step(const Layer& layer, kc::DecodeUnits units = kc::DecodeUnits::cu
                      static_cast<float*>(layer.out->p), false, nullptr, units);
 }
 
-void decode_bench(benchmark::State& state, int bits, std::int64_t context, int batch, kc::DecodeUnits units) {
+void decode_bench(benchmark::State& state, int bits, std::int64_t context, int batch, kc::DecodeUnits units,
+                  int items_per_sm = 16) {
   KVCAL_NEED_GPU(state);
   try {
-    Layer layer(bits, context, batch);
+    Layer layer(bits, context, batch, false, items_per_sm);
     const double seconds = timed(state, [&] { decode_step(layer, units); });
     state.counters["bytes_per_second"] = benchmark::Counter(layer.bytes, benchmark::Counter::kIsIterationInvariantRate);
     if (seconds > 0) {
@@ -327,6 +329,14 @@ void BM_decode(benchmark::State& state) {
 void BM_decode_tensor_cores(benchmark::State& state) {
   decode_bench(state, static_cast<int>(state.range(0)), state.range(1) * 1024, static_cast<int>(state.range(2)),
                kc::DecodeUnits::tensor_cores);
+}
+
+// HEX-4 on CUDA cores with the work split into items_per_sm work items per
+// multiprocessor (BM_decode: 16): fewer, longer items have fewer splits to
+// merge and less per-item setup, more fill the waves better.
+void BM_decode_items(benchmark::State& state) {
+  decode_bench(state, 4, state.range(0) * 1024, static_cast<int>(state.range(1)), kc::DecodeUnits::cuda_cores,
+               static_cast<int>(state.range(2)));
 }
 
 // HEX-4 decode over the blocks CHESS selects ("moderate", pages = HEX
@@ -612,6 +622,12 @@ BENCHMARK(BM_decode)
 BENCHMARK(BM_decode_tensor_cores)
     ->ArgNames({"bits", "ctxK", "batch"})
     ->ArgsProduct({{4, 2}, {32, 128}, {1, 16}})
+    ->UseManualTime()
+    ->Unit(benchmark::kMicrosecond)
+    ->MinTime(0.5);
+BENCHMARK(BM_decode_items)
+    ->ArgNames({"ctxK", "batch", "items_per_sm"})
+    ->ArgsProduct({{32}, {1, 16}, {5, 10, 32}})
     ->UseManualTime()
     ->Unit(benchmark::kMicrosecond)
     ->MinTime(0.5);
