@@ -15,9 +15,10 @@
 #   scripts/gpu_check.sh pack             # with nvcc, no GPU needed: build, then the binaries
 #                                         # and the libraries they need into out/gpu/bin
 #   scripts/gpu_check.sh device [OUT_DIR] # GPU machine, out/gpu/bin carried there: tests,
-#                                         # compute-sanitizer, benchmarks; no build, each
-#                                         # step under a time limit (STEP_LIMIT seconds,
-#                                         # default 150; half that for sdpa, sanitizers, ncu;
+#                                         # compute-sanitizer, benchmarks (four groups, one
+#                                         # JSON each); no build, each step under a time
+#                                         # limit (STEP_LIMIT seconds, default 150; half that
+#                                         # for sdpa, sanitizers, ncu;
 #                                         # NCU_FILTER: a benchmark whose decode ncu profiles)
 # Every step runs even when an earlier one fails; the exit status is 1 if any
 # failed. Environment: CUDA_ARCH (default 90), SANITIZE_FILTER (the tests run
@@ -119,8 +120,17 @@ device_all() {  # the prebuilt binaries of 'pack'
   local s=${STEP_LIMIT:-150}
   limit=(timeout -k 5 "$s")
   step tests_must_run
-  step "${limit[@]}" "$tree"/bench_hex_cuda --benchmark_filter="${BENCH_FILTER:-.}" \
-    --benchmark_out="$out/bench_hex_cuda.json" --benchmark_out_format=json
+  # The benchmarks in groups, each under the limit with its own JSON, so that
+  # one group running long loses only its own figures (BENCH_FILTER: one group).
+  local groups=('BM_decode/' 'BM_decode_(tensor_cores|items)' 'BM_chess_hex|BM_compress'
+    'BM_chess_s|BM_drift|BM_gather|BM_h2d')
+  [[ -n ${BENCH_FILTER:-} ]] && groups=("$BENCH_FILTER")
+  local k=0
+  for f in "${groups[@]}"; do
+    step "${limit[@]}" "$tree"/bench_hex_cuda --benchmark_filter="$f" \
+      --benchmark_out="$out/bench_hex_cuda_$k.json" --benchmark_out_format=json
+    k=$((k + 1))
+  done
   limit=(timeout -k 5 $((s / 2)))
   step "${limit[@]}" env LD_LIBRARY_PATH="$own" python3 scripts/bench_sdpa.py --out "$out/bench_sdpa.json"
   step sanitize memcheck
@@ -141,6 +151,6 @@ case "${1:-}" in
   test) test_all "${2:-}" ;;
   bench) bench_all "${2:-}" ;;
   run) test_all "${2:-}"; bench_all "${2:-}" ;;
-  *) sed -n '2,24p' "$0" >&2; exit 2 ;;
+  *) sed -n '2,25p' "$0" >&2; exit 2 ;;
 esac
 exit $status
