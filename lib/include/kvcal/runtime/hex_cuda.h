@@ -92,13 +92,15 @@ KVCAL_RUNTIME_API HexDecodeArgs hex_upload_decode(const HexDecodePlan& plan,
                                                   void* workspace, std::size_t bytes, Stream stream);
 // One query token per request: q [requests][q_heads][head_dim] floats (query
 // head j reads KV head j / (q_heads / kv_heads), groups of 1 to 8), out
-// likewise. Work items in parallel over compressed pages, the residual rows
+// likewise. Three launches: the mask by column (pages with expander
+// entries), work items in parallel over compressed pages, the residual rows
 // and the expander entries (codes read in place), then a merge of the splits
 // (flash-decoding). observe: each residual token's attention weight, summed
 // over its KV head's query group, is added to its heavy-hitter score.
 //
 // units: where the quantized rows of the pages are multiplied out. CUDA cores
-// (every geometry), or tensor cores: mma.sync with the codes as binary16
+// (every geometry; the default, and the faster on an H100 at every shape
+// measured), or tensor cores: mma.sync with the codes as binary16
 // operands (exact) and the query or weight factors split into a binary16
 // high part and remainder (about 22 bits), accumulated in float; for 4- and
 // 2-bit codes and head_dim 64 or 128, on devices of compute capability 8.0 and
