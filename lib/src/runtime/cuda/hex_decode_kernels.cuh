@@ -770,6 +770,7 @@ __global__ void __launch_bounds__(kDecodeThreads, kMmaBits ? kDecodeBlocksPerSmM
     }
     wait_side();
     __syncthreads();
+    const auto* vpar = reinterpret_cast<const QuantParams*>(S.vstage + lay.params);
 #pragma unroll
     for (int j = 0; j < G; ++j)
       for (int t = tid; t < n; t += nt) S.p[j * nb + t] = expf(S.p[j * nb + t] - S.m[j]);
@@ -778,15 +779,13 @@ __global__ void __launch_bounds__(kDecodeThreads, kMmaBits ? kDecodeBlocksPerSmM
       for (int j = 0; j < G; ++j) S.acc[j * d + c] *= S.alpha[j];
     if (kMma && coded && warp == 0) {  // p <= 1: p delta below 2^14 once scaled
       float mv = 0.0f;
-      for (int x = lane; x < Q; x += 32)
-        mv = fmaxf(mv, fabsf(h2f(reinterpret_cast<const QuantParams*>(S.vstage + lay.params)[x].delta)));
+      for (int x = lane; x < Q; x += 32) mv = fmaxf(mv, fabsf(h2f(vpar[x].delta)));
       mv = warp_max(mv);
       if (lane == 0) S.mscale[1] = pow2(13 - floor_log2(mv));
     }
     __syncthreads();
     // Weights per row: w = p delta for quantized rows (their sum of p min
     // added to every channel once), p for kept rows.
-    const auto* vpar = reinterpret_cast<const QuantParams*>(S.vstage + lay.params);
     for (int j = warp; j < G; j += warps) {
       float s = 0.0f, sm = 0.0f;
       for (int t = lane; t < n; t += 32) s += S.p[j * nb + t];
@@ -872,19 +871,43 @@ __global__ void __launch_bounds__(kDecodeThreads, kMmaBits ? kDecodeBlocksPerSmM
         const int bit = c * bits, byte = bit >> 3, sh = bit & 7;
         const bool two = sh + bits > 8;
         const unsigned mask = (1u << bits) - 1u;
-        const auto* base = reinterpret_cast<const std::uint8_t*>(S.vstage + lay.codes) + byte;
-        const int stride = 4 * lay.code_stride;
-        for (int x = lt; x < Q; x += lanes) {
-          const std::uint8_t* p8 = base + x * stride;
-          unsigned word = p8[0];
-          if (two) word |= static_cast<unsigned>(p8[1]) << 8;
-          axpy_group<G>(S.wq + x * Gp, code_float((word >> sh) & mask), a);
+        // Pointers stepped row by row (no address arithmetic per row); where
+        // no code straddles a byte (bits dividing 8: every code at 2 and 4
+        // bits) one byte load per row, unrolled.
+        const std::uint8_t* p8 =
+            reinterpret_cast<const std::uint8_t*>(S.vstage + lay.codes) + byte + lt * 4 * lay.code_stride;
+        const float* w = S.wq + lt * Gp;
+        const int step8 = lanes * 4 * lay.code_stride, stepw = lanes * Gp;
+        if (8 % bits == 0) {
+          const auto row = [&](int k) {
+            axpy_group<G>(w + k * stepw, code_float((static_cast<unsigned>(p8[k * step8]) >> sh) & mask), a);
+          };
+          const int rows = lt < Q ? (Q - lt + lanes - 1) / lanes : 0;
+          int x = 0;
+          for (; x + 4 <= rows; x += 4, p8 += 4 * step8, w += 4 * stepw) {  // no exit test between the four
+            row(0);
+            row(1);
+            row(2);
+            row(3);
+          }
+          for (; x < rows; ++x, p8 += step8, w += stepw) row(0);
+        } else {
+          for (int x = lt; x < Q; x += lanes, p8 += step8, w += stepw) {
+            unsigned word = p8[0];
+            if (two) word |= static_cast<unsigned>(p8[1]) << 8;
+            axpy_group<G>(w, code_float((word >> sh) & mask), a);
+          }
         }
       }
-      const half_bits* vrows = is_res ? b.v_kept : reinterpret_cast<const half_bits*>(S.vstage + lay.kept);
-      const int vstride = is_res ? d : 2 * lay.kept_stride;
-      for (int r = lt; r < K; r += lanes)
-        axpy_group<G>(S.pk + r * Gp, h2f(vrows[static_cast<std::int64_t>(r) * vstride + c]), a);
+      if (is_res) {  // kept rows: in place (global memory), or staged (shared memory: no generic loads)
+        for (int r = lt; r < K; r += lanes)
+          axpy_group<G>(S.pk + r * Gp, h2f(b.v_kept[static_cast<std::int64_t>(r) * d + c]), a);
+      } else {
+        const half_bits* v = reinterpret_cast<const half_bits*>(S.vstage + lay.kept) + lt * 2 * lay.kept_stride + c;
+        const float* pk = S.pk + lt * Gp;
+        const int stepv = lanes * 2 * lay.kept_stride, stepk = lanes * Gp;
+        for (int r = lt; r < K; r += lanes, v += stepv, pk += stepk) axpy_group<G>(pk, h2f(*v), a);
+      }
       if (d1 > 0 && coded) {  // expander entries of channel c: the true value replaces min
         const auto* vs = reinterpret_cast<const half_bits*>(S.vstage + lay.sparse);
         for (int x = S.col_ptr[c] + lt; x < S.col_ptr[c + 1]; x += lanes) {
