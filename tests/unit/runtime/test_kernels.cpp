@@ -216,73 +216,78 @@ TEST(HexKernels, AddSlotsIsExact) {
   });
 }
 
-// The expander entries' kernels: gather_sub and group_sub exact, group_axpy
-// and entry_scores within their roundings.
+// The expander entries' kernels: the differences exact and entry-major (with
+// an output stride past the tokens, whose gaps stay untouched), group_axpy
+// and entry_scores within their roundings, all with strides.
 TEST(HexKernels, EntryKernelsMatchReference) {
   on_every_target([] {
     std::mt19937_64 rng(0x656e7472);
     std::normal_distribution<float> g(0.0f, 1.0f);
     const auto n_ = [](i64 k) { return static_cast<std::size_t>(k); };
-    for (const i64 n : {0, 1, 5, 16, 33, 100}) {
-      SCOPED_TRACE("n " + std::to_string(n));
-      std::vector<float> b(64), x(n_(n) + 1), y(n_(n) + 1, -3.0f);
-      std::vector<std::int32_t> idx(n_(n));
-      for (auto& v : b) v = g(rng);
-      for (auto& v : x) v = g(rng);
-      for (auto& v : idx) v = static_cast<std::int32_t>(rng() % 64);
-      gather_sub(b.data(), idx.data(), x.data(), n, y.data());
-      for (i64 i = 0; i < n; ++i) ASSERT_EQ(y[n_(i)], x[n_(i)] - b[n_(idx[n_(i)])]) << i;
-      ASSERT_EQ(y[n_(n)], -3.0f);
-      auto x2 = x;
-      gather_sub(b.data(), idx.data(), x2.data(), n, x2.data());  // in place
-      for (i64 i = 0; i < n; ++i) ASSERT_EQ(x2[n_(i)], y[n_(i)]);
+    for (const i64 n : {0, 1, 5, 8, 16, 33, 100})
       for (const i64 grp : {1, 2, 3, 4, 5, 8, 12}) {
-        SCOPED_TRACE("entries per token " + std::to_string(grp));
-        std::vector<float> a(n_(n * grp)), xs(n_(n * grp)), base(n_(n)), z(n_(n) + 1, -3.0f);
+        SCOPED_TRACE("n " + std::to_string(n) + " entries per token " + std::to_string(grp));
+        const i64 os = n + 3;  // entry stride of the entry-major outputs
+        std::vector<float> b(64), x(n_(n * grp)), params(n_(2 * n));
+        std::vector<std::int32_t> idx(n_(n * grp));
+        for (auto& v : b) v = g(rng);
+        for (auto& v : x) v = g(rng);
+        for (auto& v : params) v = g(rng);
+        for (auto& v : idx) v = static_cast<std::int32_t>(rng() % 64);
+        std::vector<float> kd(n_(grp * os), -3.0f), vd(n_(grp * os), -3.0f);
+        key_entry_diffs(b.data(), idx.data(), x.data(), n, grp, kd.data(), os);
+        value_entry_diffs(params.data(), x.data(), n, grp, vd.data(), os);
+        for (i64 e = 0; e < grp; ++e)
+          for (i64 i = 0; i < os; ++i) {
+            const auto k = n_(e * os + i);
+            if (i >= n) {  // the gap between entries
+              ASSERT_EQ(kd[k], -3.0f) << e << " " << i;
+              ASSERT_EQ(vd[k], -3.0f) << e << " " << i;
+              continue;
+            }
+            const auto src = n_(i * grp + e);
+            ASSERT_EQ(kd[k], x[src] - b[n_(idx[src])]) << "key entry " << e << " of token " << i;
+            ASSERT_EQ(vd[k], x[src] - params[n_(2 * i + 1)]) << "value entry " << e << " of token " << i;
+          }
+        // entry_scores over entry-major inputs of different strides.
+        const i64 as = n + 1, xs = os;
+        std::vector<float> a(n_(grp * as)), z(n_(n) + 1, -3.0f);
         for (auto& v : a) v = g(rng);
-        for (auto& v : xs) v = g(rng);
-        for (auto& v : base) v = g(rng);
-        const float bias = g(rng);
-        entry_scores(a.data(), xs.data(), n, grp, bias, base.data(), z.data());
+        for (auto& v : z) v = g(rng);
+        const auto z0 = z;
+        entry_scores(a.data(), as, kd.data(), xs, n, grp, z.data());
         for (i64 i = 0; i < n; ++i) {
           // Against a double sum: one rounding per term at most (fused or
           // not), each bounded by the running sum's magnitude.
-          double want = static_cast<double>(bias) + base[n_(i)], mag = std::fabs(bias) + std::fabs(base[n_(i)]);
+          double want = z0[n_(i)], mag = std::fabs(z0[n_(i)]);
           for (i64 e = 0; e < grp; ++e) {
-            want += static_cast<double>(a[n_(i * grp + e)]) * xs[n_(i * grp + e)];
-            mag += std::fabs(static_cast<double>(a[n_(i * grp + e)]) * xs[n_(i * grp + e)]);
+            const double t = static_cast<double>(a[n_(e * as + i)]) * kd[n_(e * xs + i)];
+            want += t;
+            mag += std::fabs(t);
           }
           ASSERT_NEAR(z[n_(i)], want, 1.2e-7 * static_cast<double>(2 * grp + 2) * mag) << i;
         }
-        ASSERT_EQ(z[n_(n)], -3.0f);
-        // group_sub: exact, one subtraction per entry, m read with a stride.
-        std::vector<float> m(n_(2 * n + 1)), xg(n_(n * grp) + 1);
-        for (auto& v : m) v = g(rng);
-        for (auto& v : xg) v = g(rng);
-        const auto xg0 = xg;
-        group_sub(m.data() + 1, 2, n, grp, xg.data());
-        for (i64 i = 0; i < n; ++i)
-          for (i64 e = 0; e < grp; ++e)
-            ASSERT_EQ(xg[n_(i * grp + e)], xg0[n_(i * grp + e)] - m[n_(2 * i + 1)]) << i << " " << e;
-        ASSERT_EQ(xg[n_(n * grp)], xg0[n_(n * grp)]);
-      }
-      for (const i64 grp : {1, 3, 4, 8}) {
-        std::vector<float> p(n_(n)), xs(n_(n * grp)), ys(n_(n * grp) + 1);
+        ASSERT_EQ(z[n_(n)], z0[n_(n)]);
+        // group_axpy: entry-major x and y of different strides.
+        const i64 ys = n + 2;
+        std::vector<float> p(n_(n)), ya(n_(grp * ys));
         for (auto& v : p) v = g(rng);
-        for (auto& v : xs) v = g(rng);
-        for (auto& v : ys) v = g(rng);
-        const auto y0 = ys;
-        group_axpy(p.data(), n, grp, xs.data(), ys.data());
-        for (i64 i = 0; i < n; ++i)
-          for (i64 e = 0; e < grp; ++e) {
-            const auto k = n_(i * grp + e);
+        for (auto& v : ya) v = g(rng);
+        const auto y0 = ya;
+        group_axpy(p.data(), n, grp, vd.data(), os, ya.data(), ys);
+        for (i64 e = 0; e < grp; ++e)
+          for (i64 i = 0; i < ys; ++i) {
+            const auto k = n_(e * ys + i);
+            if (i >= n) {
+              ASSERT_EQ(ya[k], y0[k]) << e << " " << i;
+              continue;
+            }
             // A fused multiply-add or a product then a sum: within two roundings.
-            const double want = static_cast<double>(p[n_(i)]) * xs[k] + y0[k];
-            ASSERT_NEAR(ys[k], want, 2.5e-7 * (std::fabs(p[n_(i)] * xs[k]) + std::fabs(y0[k]))) << i << " " << e;
+            const float xv = vd[n_(e * os + i)];
+            const double want = static_cast<double>(p[n_(i)]) * xv + y0[k];
+            ASSERT_NEAR(ya[k], want, 2.5e-7 * (std::fabs(p[n_(i)] * xv) + std::fabs(y0[k]))) << i << " " << e;
           }
-        ASSERT_EQ(ys[n_(n * grp)], y0[n_(n * grp)]);
       }
-    }
   });
 }
 

@@ -211,7 +211,7 @@ namespace {
 
 // Per-thread scratch of the decode paths (no allocation per block).
 struct Scratch {
-  std::vector<float> qd, bias, kmin, params, sparse, qs, a, ws, kept, tmp;
+  std::vector<float> qd, bias, kmin, params, entries, sparse, qs, a, ws, kept, tmp;
   std::vector<std::int8_t> w8;
   std::vector<std::int32_t> qi;
   template <class T>
@@ -258,8 +258,9 @@ const float* KeyEntries::prepare(const std::int32_t* m, std::int64_t deg, std::i
     mask = m, d1 = deg, q = qs, nq = n, stride = q_stride, rows = tokens;
     qk.resize(static_cast<std::size_t>(nq * rows * d1));
     for (std::int64_t j = 0; j < nq; ++j)
-      for (std::int64_t i = 0; i < rows * d1; ++i)
-        qk[static_cast<std::size_t>(j * rows * d1 + i)] = scale * q[j * q_stride + m[i]];
+      for (std::int64_t t = 0; t < rows; ++t)
+        for (std::int64_t e = 0; e < d1; ++e)
+          qk[static_cast<std::size_t>((j * d1 + e) * rows + t)] = scale * q[j * q_stride + m[t * d1 + e]];
   }
   return qk.data();
 }
@@ -297,11 +298,11 @@ void ValueEntries::scale(std::int64_t j, float f) {
 
 void ValueEntries::flush() {
   if (mask) {
-    const std::int64_t n = rows * d1;
     for (std::int64_t j = 0; j < nq; ++j) {
-      float* sj = sums.data() + j * n;
+      const float* sj = sums.data() + j * rows * d1;
       float* oj = out + j * out_stride;
-      for (std::int64_t i = 0; i < n; ++i) oj[mask[i]] += sj[i];
+      for (std::int64_t t = 0; t < rows; ++t)
+        for (std::int64_t e = 0; e < d1; ++e) oj[mask[t * d1 + e]] += sj[e * rows + t];
     }
     std::fill(sums.begin(), sums.end(), 0.0f);
   }
@@ -336,10 +337,11 @@ void detail::block_scores(const HexBlockView& b, const float* q, std::int64_t nq
   float* qd = Scratch::get(sc.qd, nq * d);  // [nq][slot]: scale * q_c * delta_c
   float* bias = Scratch::get(sc.bias, nq);  // scale * q . min
   float* kmin = Scratch::get(sc.kmin, d);
-  float* sparse = Scratch::get(sc.sparse, nqr * d1);
-  float* qs = Scratch::get(sc.qs, nq * nqr);  // [nq][quantized row]: the code part of the score
-  // With integer dot products and no expander, the code part is scaled on
-  // its way into the scores (one pass over them instead of two).
+  const std::int64_t T = b.tokens;
+  float* sparse = Scratch::get(sc.sparse, T * d1);  // [entry][token]: 0 for kept tokens
+  float* qs = Scratch::get(sc.qs, nq * nqr);        // [nq][quantized row]: the code part of the score
+  // With integer dot products, the code part is scaled on its way into the
+  // scores (one pass over them instead of two).
   const std::int32_t* qi = nullptr;  // [nq][quantized row]: the integer sums
   const float* ws = nullptr;         // per query: their scale
   if (nqr > 0) {
@@ -350,15 +352,20 @@ void detail::block_scores(const HexBlockView& b, const float* q, std::int64_t nq
     key_weights(params, q, nq, q_stride, scale, sl, qd, kmin, bias, Scratch::get(sc.tmp, 2 * d));
     // The expander's entries (code 0): the stored value x replaces min_c, so
     // a token's score gains sum_e scale q[c_e] (x_e - min[c_e]); the
-    // differences once per block, for every query.
+    // differences once per block, for every query, entry-major at their
+    // tokens' places (0 at kept tokens), so that the queries' passes cover
+    // the whole block at once instead of the runs between kept tokens.
     if (d1 > 0) {
-      halves_to_floats(b.k_sparse, nqr * d1, sparse);
+      float* x = Scratch::get(sc.entries, nqr * d1);
+      halves_to_floats(b.k_sparse, nqr * d1, x);
       walk_tokens(
           b,
           [&](std::int64_t t0, std::int64_t n, std::int64_t qr0) {
-            gather_sub(kmin, b.mask_indices + t0 * d1, sparse + qr0 * d1, n * d1, sparse + qr0 * d1);
+            key_entry_diffs(kmin, b.mask_indices + t0 * d1, x + qr0 * d1, n, d1, sparse + t0, T);
           },
-          [](std::int64_t, std::int64_t) {});
+          [&](std::int64_t t, std::int64_t) {
+            for (std::int64_t e = 0; e < d1; ++e) sparse[e * T + t] = 0.0f;
+          });
     }
     if (cr.int_dot) {
       // Fixed-point weights per query, integer dot products, one scaling.
@@ -370,34 +377,31 @@ void detail::block_scores(const HexBlockView& b, const float* q, std::int64_t nq
       code_scores_int(b.k_codes, nqr, b.row_bytes, b.bits, d, limbs, w8, nq, limbs * d, qi_out, nqr);
       qi = qi_out;
       ws = ws_out;
-      if (d1 > 0)
-        for (std::int64_t j = 0; j < nq; ++j)
-          for (std::int64_t r = 0; r < nqr; ++r) qs[j * nqr + r] = ws[j] * static_cast<float>(qi[j * nqr + r]);
     } else {
       code_scores(b.k_codes, nqr, b.row_bytes, b.bits, d, qd, nq, d, qs, nqr);
     }
   }
   const float* qk = d1 > 0 && nqr > 0 ? ke.prepare(b.mask_indices, d1, b.tokens, q, nq, q_stride, scale) : nullptr;
-  for (std::int64_t j = 0; j < nq; ++j)
+  for (std::int64_t j = 0; j < nq; ++j) {
+    float* sj = scores + j * s_stride;
+    // bias + code part, then the entries' products in entry order (kept
+    // tokens: 0 here, their own scores below).
     walk_tokens(
         b,
         [&](std::int64_t t0, std::int64_t n, std::int64_t qr0) {
           const float bj = bias[j];
-          const float* qsj = qs + j * nqr + qr0;
-          float* sj = scores + j * s_stride + t0;
-          if (d1 == 0) {
-            if (qi) {
-              const float wj = ws[j];
-              const std::int32_t* qij = qi + j * nqr + qr0;
-              for (std::int64_t i = 0; i < n; ++i) sj[i] = bj + wj * static_cast<float>(qij[i]);
-            } else {
-              for (std::int64_t i = 0; i < n; ++i) sj[i] = bj + qsj[i];
-            }
-            return;
+          if (qi) {
+            const float wj = ws[j];
+            const std::int32_t* qij = qi + j * nqr + qr0;
+            for (std::int64_t i = 0; i < n; ++i) sj[t0 + i] = bj + wj * static_cast<float>(qij[i]);
+          } else {
+            const float* qsj = qs + j * nqr + qr0;
+            for (std::int64_t i = 0; i < n; ++i) sj[t0 + i] = bj + qsj[i];
           }
-          entry_scores(qk + j * ke.rows * d1 + t0 * d1, sparse + qr0 * d1, n, d1, bj, qsj, sj);
         },
-        [](std::int64_t, std::int64_t) {});
+        [&](std::int64_t t, std::int64_t) { sj[t] = 0.0f; });
+    if (qk) entry_scores(qk + j * ke.rows * d1, ke.rows, sparse, T, T, d1, sj);
+  }
   // Kept tokens: their fp16 rows in one pass, then each score to its place.
   const std::int64_t nk = b.kept_rows;
   if (nk > 0) {
@@ -433,15 +437,24 @@ void detail::block_accumulate(const HexBlockView& b, const float* p, std::int64_
   float* acc = ve.code.acc.data();          // [nq][slot]: sum_t p_t delta_t code_tc
   float* base = ve.code.base.data();        // sum_t p_t min_t
   float* a = Scratch::get(sc.a, nq * nqr);  // [nq][quantized row]: p_t delta_t
-  float* sparse = Scratch::get(sc.sparse, nqr * d1);
+  const std::int64_t T = b.tokens;
+  float* sparse = Scratch::get(sc.sparse, T * d1);   // [entry][token]: 0 for kept tokens
   float* params = Scratch::get(sc.params, 2 * nqr);  // (delta, min) per quantized row
   if (nqr > 0) halves_to_floats(reinterpret_cast<const half_bits*>(b.v_params), 2 * nqr, params);
   // The expander's entries: p_t (x_e - min_t) added to channel c_e, summed
   // per entry over the blocks (ve) and scattered once.
   float* sums = nullptr;
   if (d1 > 0 && nqr > 0) {
-    halves_to_floats(b.v_sparse, nqr * d1, sparse);
-    group_sub(params + 1, 2, nqr, d1, sparse);
+    float* x = Scratch::get(sc.entries, nqr * d1);
+    halves_to_floats(b.v_sparse, nqr * d1, x);
+    walk_tokens(
+        b,
+        [&](std::int64_t t0, std::int64_t n, std::int64_t qr0) {
+          value_entry_diffs(params + 2 * qr0, x + qr0 * d1, n, d1, sparse + t0, T);
+        },
+        [&](std::int64_t t, std::int64_t) {
+          for (std::int64_t e = 0; e < d1; ++e) sparse[e * T + t] = 0.0f;
+        });
     sums = ve.prepare(b.mask_indices, d1, b.tokens, nq, out, out_stride);
   }
   walk_tokens(
@@ -450,10 +463,13 @@ void detail::block_accumulate(const HexBlockView& b, const float* p, std::int64_
         for (std::int64_t j = 0; j < nq; ++j) {
           const float* pj = p + j * p_stride + t0;
           base[j] += value_weights(params + 2 * qr0, pj, n, a + j * nqr + qr0);
-          if (sums) group_axpy(pj, n, d1, sparse + qr0 * d1, sums + j * ve.rows * d1 + t0 * d1);
         }
       },
       [](std::int64_t, std::int64_t) {});
+  // The entries over the whole block (their differences are 0 at kept tokens).
+  if (sums)
+    for (std::int64_t j = 0; j < nq; ++j)
+      group_axpy(p + j * p_stride, T, d1, sparse, T, sums + j * ve.rows * d1, ve.rows);
   // Kept tokens: their weights gathered, their fp16 rows in one pass.
   const std::int64_t nk = b.kept_rows;
   if (nk > 0) {

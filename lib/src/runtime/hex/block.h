@@ -26,8 +26,9 @@ void softmax_rows(float* s, std::int64_t rows, std::int64_t n, std::int64_t stri
 // block. A decode over many blocks keeps what depends only on the mask and
 // the queries here, instead of gathering and scattering per block.
 //
-// Key side: qk[j][t * d1 + e] = scale * q_j[c(t, e)], filled for the first
-// `rows` mask rows of the current mask and queries.
+// Key side: qk[j][e][t] = scale * q_j[c(t, e)] (at (j * d1 + e) * rows + t,
+// entry-major as the entry kernels read it), filled for the first `rows`
+// mask rows of the current mask and queries.
 struct KeyEntries {
   const std::int32_t* mask = nullptr;
   const float* q = nullptr;
@@ -37,7 +38,8 @@ struct KeyEntries {
   const float* prepare(const std::int32_t* m, std::int64_t d1, std::int64_t tokens, const float* q, std::int64_t nq,
                        std::int64_t q_stride, float scale);
 };
-// Value side: sums[j][t * d1 + e] adds p_jt (x_te - min_t) over blocks; flush
+// Value side: sums[j][e][t] (at (j * d1 + e) * rows + t) adds
+// p_jt (x_te - min_t) over blocks; flush
 // adds them into out_j[c(t, e)] (out_j at out + j * out_stride) and clears
 // them. The owner flushes before the mask, queries or output change and at
 // the end of a decode.

@@ -1289,122 +1289,135 @@ void AxpyInt(float w, const std::int32_t* HWY_RESTRICT x, float* HWY_RESTRICT y,
   for (std::int64_t i = 0; i < n; ++i) y[i] += w * static_cast<float>(x[i]);
 }
 
-// out[i] = x[i] - b[idx[i]] (in place allowed: out == x).
-void GatherSub(const float* b, const std::int32_t* idx, const float* x, std::int64_t n, float* out) {
+// The expander entries arrive token-major (entry e of token i at i * g + e)
+// and the per-query kernels read them entry-major (entry e of token i at
+// e * stride + i), so that each reads and writes whole vectors of tokens
+// with no deinterleaving: the per-block kernels below write that layout
+// once for every query of the group.
+
+// Calls f(v_0, ..., v_{kG-1}) with v_e holding entry e of the N tokens whose
+// entries start at p (kG entries per token, kG <= 4).
+template <int kG, class D, class F>
+HWY_INLINE void Deinterleaved(D d, const hn::TFromD<D>* HWY_RESTRICT p, F f) {
+  if constexpr (kG == 1) {
+    f(hn::LoadU(d, p));
+  } else if constexpr (kG == 2) {
+    hn::Vec<D> v0, v1;
+    hn::LoadInterleaved2(d, p, v0, v1);
+    f(v0, v1);
+  } else if constexpr (kG == 3) {
+    hn::Vec<D> v0, v1, v2;
+    hn::LoadInterleaved3(d, p, v0, v1, v2);
+    f(v0, v1, v2);
+  } else {
+    static_assert(kG == 4, "one to four entries per token");
+    hn::Vec<D> v0, v1, v2, v3;
+    hn::LoadInterleaved4(d, p, v0, v1, v2, v3);
+    f(v0, v1, v2, v3);
+  }
+}
+
+// f(integral_constant<kG>) for g in 1 .. 4; false (f not called) otherwise.
+template <class F>
+HWY_INLINE bool WithEntries(std::int64_t g, F f) {
+  switch (g) {
+    case 1:
+      return f(std::integral_constant<int, 1>()), true;
+    case 2:
+      return f(std::integral_constant<int, 2>()), true;
+    case 3:
+      return f(std::integral_constant<int, 3>()), true;
+    case 4:
+      return f(std::integral_constant<int, 4>()), true;
+    default:
+      return false;
+  }
+}
+
+// out[e * os + i] = x[i * g + e] - b[idx[i * g + e]] for i < n, e < g.
+void KeyEntryDiffs(const float* HWY_RESTRICT b, const std::int32_t* HWY_RESTRICT idx, const float* HWY_RESTRICT x,
+                   std::int64_t n, std::int64_t g, float* HWY_RESTRICT out, std::int64_t os) {
   std::int64_t i = 0;
 #if HWY_TARGET != HWY_SCALAR
   const DF df;
   const DI di;
   const auto N = static_cast<std::int64_t>(hn::Lanes(df));
-  for (; i + N <= n; i += N)
-    hn::StoreU(hn::Sub(hn::LoadU(df, x + i), hn::GatherIndex(df, b, hn::LoadU(di, idx + i))), df, out + i);
+  WithEntries(g, [&](auto kg) {
+    constexpr int kG = decltype(kg)::value;
+    for (; i + N <= n; i += N)
+      Deinterleaved<kG>(df, x + i * kG, [&](auto... xv) {
+        Deinterleaved<kG>(di, idx + i * kG, [&](auto... iv) {
+          std::int64_t e = 0;
+          (hn::StoreU(hn::Sub(xv, hn::GatherIndex(df, b, iv)), df, out + (e++) * os + i), ...);
+        });
+      });
+  });
 #endif
-  for (; i < n; ++i) out[i] = x[i] - b[idx[i]];
+  for (; i < n; ++i)
+    for (std::int64_t e = 0; e < g; ++e) out[e * os + i] = x[i * g + e] - b[idx[i * g + e]];
 }
 
-// out[i] = bias + base[i] + sum_{e < g} a[i * g + e] * x[i * g + e]. Where
-// g <= 4, tokens in vectors (deinterleaving loads give entry e of N tokens in
-// one vector), each product added to the running sum in entry order; wider
-// groups a token at a time in 4-lane vectors, the lanes summed at the end.
-void EntryScores(const float* a, const float* x, std::int64_t n, std::int64_t g, float bias, const float* base,
-                 float* out) {
+// out[e * os + i] = x[i * g + e] - params[2 i + 1] for i < n, e < g.
+void ValueEntryDiffs(const float* HWY_RESTRICT params, const float* HWY_RESTRICT x, std::int64_t n, std::int64_t g,
+                     float* HWY_RESTRICT out, std::int64_t os) {
   std::int64_t i = 0;
 #if HWY_TARGET != HWY_SCALAR
   const DF df;
   const auto N = static_cast<std::int64_t>(hn::Lanes(df));
-  const auto vb = hn::Set(df, bias);
-  const auto start = [&](std::int64_t t) { return hn::Add(vb, hn::LoadU(df, base + t)); };
-  switch (g) {
-    case 1:
-      for (; i + N <= n; i += N)
-        hn::StoreU(hn::MulAdd(hn::LoadU(df, a + i), hn::LoadU(df, x + i), start(i)), df, out + i);
-      break;
-    case 2:
-      for (; i + N <= n; i += N) {
-        hn::Vec<DF> a0, a1, x0, x1;
-        hn::LoadInterleaved2(df, a + 2 * i, a0, a1);
-        hn::LoadInterleaved2(df, x + 2 * i, x0, x1);
-        hn::StoreU(hn::MulAdd(a1, x1, hn::MulAdd(a0, x0, start(i))), df, out + i);
-      }
-      break;
-    case 3:
-      for (; i + N <= n; i += N) {
-        hn::Vec<DF> a0, a1, a2, x0, x1, x2;
-        hn::LoadInterleaved3(df, a + 3 * i, a0, a1, a2);
-        hn::LoadInterleaved3(df, x + 3 * i, x0, x1, x2);
-        hn::StoreU(hn::MulAdd(a2, x2, hn::MulAdd(a1, x1, hn::MulAdd(a0, x0, start(i)))), df, out + i);
-      }
-      break;
-    case 4:
-      for (; i + N <= n; i += N) {
-        hn::Vec<DF> a0, a1, a2, a3, x0, x1, x2, x3;
-        hn::LoadInterleaved4(df, a + 4 * i, a0, a1, a2, a3);
-        hn::LoadInterleaved4(df, x + 4 * i, x0, x1, x2, x3);
-        const auto s = hn::MulAdd(a1, x1, hn::MulAdd(a0, x0, start(i)));
-        hn::StoreU(hn::MulAdd(a3, x3, hn::MulAdd(a2, x2, s)), df, out + i);
-      }
-      break;
-    default: {
-      const hn::CappedTag<float, 4> d4;
-      if (hn::Lanes(d4) != 4) break;
-      for (; i < n; ++i) {
-        const float* ai = a + i * g;
-        const float* xi = x + i * g;
-        auto s = hn::Zero(d4);
+  WithEntries(g, [&](auto kg) {
+    constexpr int kG = decltype(kg)::value;
+    for (; i + N <= n; i += N) {
+      hn::Vec<DF> delta, mn;
+      hn::LoadInterleaved2(df, params + 2 * i, delta, mn);
+      (void)delta;
+      Deinterleaved<kG>(df, x + i * kG, [&](auto... xv) {
         std::int64_t e = 0;
-        for (; e + 4 <= g; e += 4) s = hn::MulAdd(hn::LoadU(d4, ai + e), hn::LoadU(d4, xi + e), s);
-        float t = bias + base[i] + hn::GetLane(hn::SumOfLanes(d4, s));
-        for (; e < g; ++e) t = std::fma(ai[e], xi[e], t);
-        out[i] = t;
-      }
+        (hn::StoreU(hn::Sub(xv, mn), df, out + (e++) * os + i), ...);
+      });
     }
+  });
+#endif
+  for (; i < n; ++i)
+    for (std::int64_t e = 0; e < g; ++e) out[e * os + i] = x[i * g + e] - params[2 * i + 1];
+}
+
+// out[i] += sum_{e < g} a[e * as + i] * x[e * xs + i], each product added
+// to the running sum in entry order.
+void EntryScores(const float* HWY_RESTRICT a, std::int64_t as, const float* HWY_RESTRICT x, std::int64_t xs,
+                 std::int64_t n, std::int64_t g, float* HWY_RESTRICT out) {
+  std::int64_t i = 0;
+#if HWY_TARGET != HWY_SCALAR
+  const DF df;
+  const auto N = static_cast<std::int64_t>(hn::Lanes(df));
+  for (; i + N <= n; i += N) {
+    auto s = hn::LoadU(df, out + i);
+    for (std::int64_t e = 0; e < g; ++e)
+      s = hn::MulAdd(hn::LoadU(df, a + e * as + i), hn::LoadU(df, x + e * xs + i), s);
+    hn::StoreU(s, df, out + i);
   }
 #endif
   for (; i < n; ++i) {
-    float t = bias + base[i];
-    for (std::int64_t e = 0; e < g; ++e) t = std::fma(a[i * g + e], x[i * g + e], t);
+    float t = out[i];
+    for (std::int64_t e = 0; e < g; ++e) t = std::fma(a[e * as + i], x[e * xs + i], t);
     out[i] = t;
   }
 }
 
-// x[i * g + e] -= m[i * m_stride] for i < n, e < g: four lanes per step (one
-// broadcast) where g is a multiple of 4.
-void GroupSub(const float* m, std::int64_t m_stride, std::int64_t n, std::int64_t g, float* x) {
+// y[e * ys + i] += p[i] * x[e * xs + i] for i < n, e < g.
+void GroupAxpy(const float* HWY_RESTRICT p, std::int64_t n, std::int64_t g, const float* HWY_RESTRICT x,
+               std::int64_t xs, float* HWY_RESTRICT y, std::int64_t ys) {
   std::int64_t i = 0;
 #if HWY_TARGET != HWY_SCALAR
-  if (g % 4 == 0) {
-    const hn::CappedTag<float, 4> d4;
-    if (hn::Lanes(d4) == 4) {
-      for (; i < n; ++i) {
-        const auto v = hn::Set(d4, m[i * m_stride]);
-        for (std::int64_t e = 0; e < g; e += 4) hn::StoreU(hn::Sub(hn::LoadU(d4, x + i * g + e), v), d4, x + i * g + e);
-      }
-      return;
-    }
+  const DF df;
+  const auto N = static_cast<std::int64_t>(hn::Lanes(df));
+  for (; i + N <= n; i += N) {
+    const auto w = hn::LoadU(df, p + i);
+    for (std::int64_t e = 0; e < g; ++e)
+      hn::StoreU(hn::MulAdd(w, hn::LoadU(df, x + e * xs + i), hn::LoadU(df, y + e * ys + i)), df, y + e * ys + i);
   }
 #endif
   for (; i < n; ++i)
-    for (std::int64_t e = 0; e < g; ++e) x[i * g + e] -= m[i * m_stride];
-}
-
-// y[i * g + e] += p[i] * x[i * g + e] for i < n, e < g: four lanes per step
-// (one broadcast weight) where g is a multiple of 4.
-void GroupAxpy(const float* p, std::int64_t n, std::int64_t g, const float* x, float* y) {
-#if HWY_TARGET != HWY_SCALAR
-  if (g % 4 == 0) {
-    const hn::CappedTag<float, 4> d4;
-    if (hn::Lanes(d4) == 4) {
-      for (std::int64_t i = 0; i < n; ++i) {
-        const auto w = hn::Set(d4, p[i]);
-        for (std::int64_t e = 0; e < g; e += 4)
-          hn::StoreU(hn::MulAdd(w, hn::LoadU(d4, x + i * g + e), hn::LoadU(d4, y + i * g + e)), d4, y + i * g + e);
-      }
-      return;
-    }
-  }
-#endif
-  for (std::int64_t i = 0; i < n; ++i)
-    for (std::int64_t e = 0; e < g; ++e) y[i * g + e] += p[i] * x[i * g + e];
+    for (std::int64_t e = 0; e < g; ++e) y[e * ys + i] += p[i] * x[e * xs + i];
 }
 
 // The key side of a block (see kernels_cpu.h: key_weights). Channel-order
@@ -2530,9 +2543,9 @@ HWY_EXPORT(QuantizeRows);
 HWY_EXPORT(AddSlots);
 HWY_EXPORT(AxpyInt);
 HWY_EXPORT(KeyWeights);
-HWY_EXPORT(GatherSub);
+HWY_EXPORT(KeyEntryDiffs);
+HWY_EXPORT(ValueEntryDiffs);
 HWY_EXPORT(EntryScores);
-HWY_EXPORT(GroupSub);
 HWY_EXPORT(GroupAxpy);
 HWY_EXPORT(ValueWeights);
 
@@ -2621,18 +2634,21 @@ void key_weights(const float* params, const float* q, std::int64_t nq, std::int6
                  const Slots& sl, float* qd, float* kmin, float* bias, float* tmp) {
   HWY_DYNAMIC_DISPATCH(KeyWeights)(params, q, nq, q_stride, scale, sl.per, sl.run, qd, kmin, bias, tmp);
 }
-void gather_sub(const float* b, const std::int32_t* idx, const float* x, std::int64_t n, float* out) {
-  HWY_DYNAMIC_DISPATCH(GatherSub)(b, idx, x, n, out);
+void key_entry_diffs(const float* b, const std::int32_t* idx, const float* x, std::int64_t n, std::int64_t g,
+                     float* out, std::int64_t out_stride) {
+  HWY_DYNAMIC_DISPATCH(KeyEntryDiffs)(b, idx, x, n, g, out, out_stride);
 }
-void entry_scores(const float* a, const float* x, std::int64_t n, std::int64_t g, float bias, const float* base,
-                  float* out) {
-  HWY_DYNAMIC_DISPATCH(EntryScores)(a, x, n, g, bias, base, out);
+void value_entry_diffs(const float* params, const float* x, std::int64_t n, std::int64_t g, float* out,
+                       std::int64_t out_stride) {
+  HWY_DYNAMIC_DISPATCH(ValueEntryDiffs)(params, x, n, g, out, out_stride);
 }
-void group_sub(const float* m, std::int64_t m_stride, std::int64_t n, std::int64_t g, float* x) {
-  HWY_DYNAMIC_DISPATCH(GroupSub)(m, m_stride, n, g, x);
+void entry_scores(const float* a, std::int64_t a_stride, const float* x, std::int64_t x_stride, std::int64_t n,
+                  std::int64_t g, float* out) {
+  HWY_DYNAMIC_DISPATCH(EntryScores)(a, a_stride, x, x_stride, n, g, out);
 }
-void group_axpy(const float* p, std::int64_t n, std::int64_t g, const float* x, float* y) {
-  HWY_DYNAMIC_DISPATCH(GroupAxpy)(p, n, g, x, y);
+void group_axpy(const float* p, std::int64_t n, std::int64_t g, const float* x, std::int64_t x_stride, float* y,
+                std::int64_t y_stride) {
+  HWY_DYNAMIC_DISPATCH(GroupAxpy)(p, n, g, x, x_stride, y, y_stride);
 }
 float value_weights(const float* params, const float* p, std::int64_t n, float* a) {
   return HWY_DYNAMIC_DISPATCH(ValueWeights)(params, p, n, a);
