@@ -1317,20 +1317,21 @@ HWY_INLINE void Deinterleaved(D d, const hn::TFromD<D>* HWY_RESTRICT p, F f) {
   }
 }
 
-// f(integral_constant<kG>) for g in 1 .. 4; false (f not called) otherwise.
+// f(integral_constant<kG>) for g in 1 .. 4; nothing for other g (the
+// callers' scalar loops then take every token).
 template <class F>
-HWY_INLINE bool WithEntries(std::int64_t g, F f) {
+HWY_INLINE void WithEntries(std::int64_t g, F f) {
   switch (g) {
     case 1:
-      return f(std::integral_constant<int, 1>()), true;
+      return f(std::integral_constant<int, 1>());
     case 2:
-      return f(std::integral_constant<int, 2>()), true;
+      return f(std::integral_constant<int, 2>());
     case 3:
-      return f(std::integral_constant<int, 3>()), true;
+      return f(std::integral_constant<int, 3>());
     case 4:
-      return f(std::integral_constant<int, 4>()), true;
+      return f(std::integral_constant<int, 4>());
     default:
-      return false;
+      return;
   }
 }
 
