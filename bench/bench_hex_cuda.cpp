@@ -35,6 +35,7 @@
 #include <cstring>
 #include <memory>
 #include <random>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -104,14 +105,17 @@ struct Layer {
   std::vector<std::int32_t> ids, indptr, indices;
   rt::HexDecodePlan plan;
   kc::HexDecodeArgs args;
-  double bytes = 0;  // read per decode step
+  double bytes = 0;       // read per decode step
+  int q_heads = kQHeads;  // query heads: kHeads x the GQA group
 
   // With chess: a CHESS store (pages = HEX blocks, "moderate") fed the same
   // keys, and the decode planned over the blocks it selects.
   std::unique_ptr<DeviceBuffer> chess_mem;
   double selected_fraction = 1.0;
 
-  Layer(int bits, std::int64_t context, int batch, bool chess = false, int items_per_sm = 16) {
+  Layer(int bits, std::int64_t context, int batch, bool chess = false, int items_per_sm = 16,
+        int group = kQHeads / kHeads)
+      : q_heads(kHeads * group) {
     rt::HexOptions o = rt::hex_method(bits == 0 ? "fp16" : "hex" + std::to_string(bits));
     o.block = kBlock;
     const std::int64_t d1 = bits == 0 ? 0 : kDim / 32;
@@ -195,10 +199,10 @@ struct Layer {
       plan = cache->plan_decode(ids, 0, decode_items(items_per_sm));
       cache->page_table(ids, indptr, indices);
     }
-    const std::size_t wsb = kc::hex_decode_workspace_bytes(plan, indices, g, kQHeads);
+    const std::size_t wsb = kc::hex_decode_workspace_bytes(plan, indices, g, q_heads);
     ws = std::make_unique<DeviceBuffer>(wsb);
-    args = kc::hex_upload_decode(plan, indptr, indices, g, kQHeads, ws->p, wsb, nullptr);
-    std::vector<float> qh(static_cast<std::size_t>(batch * kQHeads * kDim));
+    args = kc::hex_upload_decode(plan, indptr, indices, g, q_heads, ws->p, wsb, nullptr);
+    std::vector<float> qh(static_cast<std::size_t>(batch * q_heads * kDim));
     for (auto& x : qh) x = nd(rng);
     q = std::make_unique<DeviceBuffer>(qh.size() * 4);
     out = std::make_unique<DeviceBuffer>(qh.size() * 4);
@@ -220,7 +224,7 @@ struct Layer {
       bytes += static_cast<double>(rt::hex_block_bytes(v) + 16);
     }
     for (const std::int32_t r : plan.residual_rows) bytes += 2.0 * r * kHeads * kDim * 2;
-    bytes += 2.0 * batch * kQHeads * kDim * 4;  // queries in, outputs out
+    bytes += 2.0 * batch * q_heads * kDim * 4;  // queries in, outputs out
   }
 };
 
@@ -300,10 +304,10 @@ void decode_step(const Layer& layer, kc::DecodeUnits units = kc::DecodeUnits::cu
 }
 
 void decode_bench(benchmark::State& state, int bits, std::int64_t context, int batch, kc::DecodeUnits units,
-                  int items_per_sm = 16) {
+                  int items_per_sm = 16, int group = kQHeads / kHeads) {
   KVCAL_NEED_GPU(state);
   try {
-    Layer layer(bits, context, batch, false, items_per_sm);
+    Layer layer(bits, context, batch, false, items_per_sm, group);
     const double seconds = timed(state, [&] { decode_step(layer, units); });
     state.counters["bytes_per_second"] = benchmark::Counter(layer.bytes, benchmark::Counter::kIsIterationInvariantRate);
     if (seconds > 0) {
@@ -337,6 +341,13 @@ void BM_decode_tensor_cores(benchmark::State& state) {
 void BM_decode_items(benchmark::State& state) {
   decode_bench(state, 4, state.range(0) * 1024, static_cast<int>(state.range(1)), kc::DecodeUnits::cuda_cores,
                static_cast<int>(state.range(2)));
+}
+
+// HEX-4 at 32K tokens with other GQA groups (query heads = 8 x group;
+// BM_decode: 4), each its own kernel instantiation.
+void BM_decode_groups(benchmark::State& state) {
+  decode_bench(state, 4, 32 * 1024, static_cast<int>(state.range(1)), kc::DecodeUnits::cuda_cores, 16,
+               static_cast<int>(state.range(0)));
 }
 
 // HEX-4 decode over the blocks CHESS selects ("moderate", pages = HEX
@@ -545,14 +556,34 @@ void BM_drift_step(benchmark::State& state) {
 
 void BM_gather(benchmark::State& state) {
   KVCAL_NEED_GPU(state);
-  const std::int32_t lists = 64, k = static_cast<std::int32_t>(state.range(0)), tokens = 131072;
-  try {
-    const std::size_t host_bytes = static_cast<std::size_t>(tokens) * kDim * 2;
-    std::vector<void*> hk(lists), hv(lists);
-    for (int i = 0; i < lists; ++i) {
-      ok(cudaHostAlloc(&hk[i], host_bytes, cudaHostAllocMapped), "pinned k");
-      ok(cudaHostAlloc(&hv[i], host_bytes, cudaHostAllocMapped), "pinned v");
+  // rows per list; the host cache per list (K tokens: the span the rows are
+  // drawn from, of the 128K pinned); the rows in token order or at random.
+  const std::int32_t lists = 64, k = static_cast<std::int32_t>(state.range(0));
+  const std::int32_t tokens = static_cast<std::int32_t>(state.range(1)) * 1024;
+  const bool sorted = state.range(2) != 0;
+  constexpr std::int32_t kHostTokens = 131072;
+  // The host cache (64 lists of K and V, 4 GiB pinned) is pinned once per
+  // process: pinning takes seconds, and the benchmark library calls this
+  // function several times per argument.
+  struct Pinned {
+    std::vector<void*> k, v;
+    ~Pinned() {
+      for (void* p : k) cudaFreeHost(p);
+      for (void* p : v) cudaFreeHost(p);
     }
+  };
+  static Pinned pinned;
+  try {
+    const std::size_t host_bytes = static_cast<std::size_t>(kHostTokens) * kDim * 2;
+    if (tokens < k || tokens > kHostTokens) throw std::runtime_error("bad host span");
+    while (pinned.k.size() < static_cast<std::size_t>(lists)) {
+      void *pk = nullptr, *pv = nullptr;
+      ok(cudaHostAlloc(&pk, host_bytes, cudaHostAllocMapped), "pinned k");
+      pinned.k.push_back(pk);
+      ok(cudaHostAlloc(&pv, host_bytes, cudaHostAllocMapped), "pinned v");
+      pinned.v.push_back(pv);
+    }
+    const std::vector<void*>&hk = pinned.k, &hv = pinned.v;
     DeviceBuffer dk(static_cast<std::size_t>(lists) * k * kDim * 2), dv(static_cast<std::size_t>(lists) * k * kDim * 2);
     std::vector<const rt::half_bits*> hkp, hvp;
     std::vector<rt::half_bits*> dkp, dvp;
@@ -565,6 +596,8 @@ void BM_gather(benchmark::State& state) {
     std::vector<std::int32_t> tok(static_cast<std::size_t>(lists) * k), len(lists, k);
     std::mt19937_64 rng(8);
     for (auto& t : tok) t = static_cast<std::int32_t>(rng() % tokens);
+    if (sorted)
+      for (int i = 0; i < lists; ++i) std::sort(tok.begin() + i * k, tok.begin() + (i + 1) * k);
     DeviceBuffer a(4 * lists * sizeof(void*)), t_d(tok.size() * 4), l_d(lists * 4);
     auto** arr = static_cast<void**>(a.p);
     ok(cudaMemcpy(arr, hkp.data(), lists * sizeof(void*), cudaMemcpyHostToDevice), "a");
@@ -586,10 +619,6 @@ void BM_gather(benchmark::State& state) {
     timed(state, [&] { kc::gather_rows(g, nullptr); });
     state.counters["bytes_per_second"] =
         benchmark::Counter(2.0 * lists * k * kDim * 2, benchmark::Counter::kIsIterationInvariantRate);
-    for (int i = 0; i < lists; ++i) {
-      cudaFreeHost(hk[i]);
-      cudaFreeHost(hv[i]);
-    }
   } catch (const std::exception& e) {
     state.SkipWithError(e.what());
   }
@@ -632,6 +661,13 @@ BENCHMARK(BM_decode_items)
     ->Unit(benchmark::kMicrosecond)
     ->MinTime(0.5);
 
+BENCHMARK(BM_decode_groups)
+    ->ArgNames({"group", "batch"})
+    ->ArgsProduct({{1, 2, 8}, {1, 16}})
+    ->UseManualTime()
+    ->Unit(benchmark::kMicrosecond)
+    ->MinTime(0.5);
+
 BENCHMARK(BM_compress)
     ->ArgNames({"bits", "batch"})
     ->ArgsProduct({{4, 3, 2}, {1, 16}})
@@ -654,7 +690,20 @@ BENCHMARK(BM_chess_steps)
     ->UseManualTime()
     ->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_drift_step)->ArgNames({"ctxK"})->Arg(32)->Arg(128)->UseManualTime()->Unit(benchmark::kMicrosecond);
-BENCHMARK(BM_gather)->ArgNames({"rows"})->Arg(256)->Arg(2048)->UseManualTime()->Unit(benchmark::kMicrosecond);
+// Random rows from the whole 128K-token host cache at 256 to 2,048 rows per
+// list; then a small span (8K tokens) and rows in token order, which tell
+// the link's rate from the cost of translating scattered host pages.
+BENCHMARK(BM_gather)
+    ->ArgNames({"rows", "spanK", "sorted"})
+    ->Args({256, 128, 0})
+    ->Args({512, 128, 0})
+    ->Args({1024, 128, 0})
+    ->Args({2048, 128, 0})
+    ->Args({2048, 8, 0})
+    ->Args({2048, 128, 1})
+    ->Args({256, 8, 0})
+    ->UseManualTime()
+    ->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_h2d_copy)->UseManualTime()->Unit(benchmark::kMicrosecond);
 
 BENCHMARK_MAIN();

@@ -122,7 +122,7 @@ device_all() {  # the prebuilt binaries of 'pack'
   step tests_must_run
   # The benchmarks in groups, each under the limit with its own JSON, so that
   # one group running long loses only its own figures (BENCH_FILTER: one group).
-  local groups=('BM_decode/' 'BM_decode_(tensor_cores|items)' 'BM_chess_hex|BM_compress'
+  local groups=('BM_decode/' 'BM_decode_(tensor_cores|items|groups)' 'BM_chess_hex|BM_compress'
     'BM_chess_s|BM_drift|BM_gather|BM_h2d')
   [[ -n ${BENCH_FILTER:-} ]] && groups=("$BENCH_FILTER")
   local k=0
