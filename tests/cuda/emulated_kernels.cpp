@@ -171,7 +171,8 @@ struct Emulated {
 };
 
 // Small shapes (every thread of every block is an OS thread): every bit
-// width, groups 1 to 8, head dims 64 and 128, partial blocks, splits.
+// width, groups 1 to 8, head dims 64 and 128 (and odd ones), partial blocks,
+// splits.
 TEST(HexCudaEmulated, FlowMatchesTheHostExecutor) {
   Emulated emu;
   for (const char* method : {"hex4", "hex3", "hex2", "fp16", "kcvt3"}) {
@@ -181,6 +182,10 @@ TEST(HexCudaEmulated, FlowMatchesTheHostExecutor) {
   run_flow({"hex4", 3, 3, 64, 32, {100}, 4, 1}, emu);
   run_flow({"h2o2", 2, 1, 128, 16, {50, 3}, 20, 0}, emu);
   run_flow({"hex3", 1, 2, 40, 8, {21}, 3, 0}, emu);  // 15-byte rows: the byte-wise code path
+  // Odd head dims: the value pass's last pair of channels has one.
+  run_flow({"hex4", 1, 3, 45, 8, {21}, 3, 0}, emu);
+  run_flow({"hex3", 2, 2, 33, 8, {9, 20}, 3, 0}, emu);
+  run_flow({"fp16", 1, 2, 17, 8, {12}, 2, 0}, emu);
 }
 
 // The shapes ThreadSanitizer runs (scripts/test.sh): each kernel path once

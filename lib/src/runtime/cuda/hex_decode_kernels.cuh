@@ -326,6 +326,35 @@ __device__ inline void copy_wait_prior() {
 #endif
 }
 
+// A thread's share of copying rows of w = row_bytes / 4 words with nt
+// threads: its first row and word, and the rows and words it steps by. The
+// quotients come from a float reciprocal, exact for these small integers
+// (tid, nt < 2^16 and w >= 1: each quotient's fraction is at least 0.5 / w
+// from the next integer, far above the product's rounding error); a runtime
+// integer division per quotient cost 4% of the decode's instructions.
+struct RowShare {
+  int w, r0, k0, dr, dk;
+  __device__ RowShare(int row_bytes, int tid, int nt) : w(row_bytes / 4) {
+    const float inv = 1.0f / static_cast<float>(w > 0 ? w : 1);
+    r0 = static_cast<int>((static_cast<float>(tid) + 0.5f) * inv);
+    dr = static_cast<int>((static_cast<float>(nt) + 0.5f) * inv);
+    k0 = tid - r0 * w;
+    dk = nt - dr * w;
+  }
+};
+
+// Copies one contiguous run of `bytes` bytes to dst: asynchronous 32-bit
+// copies when it allows, bytes otherwise.
+__device__ inline void stage_run(std::uint32_t* dst, const std::uint8_t* src, int bytes, int tid, int nt) {
+  if (bytes % 4 == 0 && (reinterpret_cast<std::uintptr_t>(src) & 3u) == 0) {
+    const auto* s = reinterpret_cast<const std::uint32_t*>(src);
+    for (int x = tid; x < bytes / 4; x += nt) copy_word(dst + x, s + x);
+  } else {
+    auto* db = reinterpret_cast<std::uint8_t*>(dst);
+    for (int x = tid; x < bytes; x += nt) db[x] = src[x];
+  }
+}
+
 // Copies `rows` rows of `row_bytes` bytes (contiguous at src) to dst, row r at
 // word r * stride: asynchronous 32-bit copies when the rows allow, bytes
 // otherwise.
@@ -333,15 +362,28 @@ __device__ inline void stage_rows(std::uint32_t* dst, int stride, const std::uin
                                   int tid, int nt) {
   if (rows <= 0 || row_bytes <= 0) return;
   if (row_bytes % 4 == 0 && (reinterpret_cast<std::uintptr_t>(src) & 3u) == 0) {
-    const int w = row_bytes / 4, dr = nt / w, dk = nt % w;
+    const RowShare sh(row_bytes, tid, nt);
     const auto* s = reinterpret_cast<const std::uint32_t*>(src);
-    int r = tid / w, k = tid % w;
-    for (int x = tid; x < rows * w; x += nt) {
+    if (sh.dk == 0) {  // the same word of every dr-th row: pointers step, no index arithmetic
+      const std::uint32_t* sp = s + sh.r0 * sh.w + sh.k0;
+      std::uint32_t* dp = dst + sh.r0 * stride + sh.k0;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+      auto sa = static_cast<unsigned>(__cvta_generic_to_shared(dp));
+      const unsigned step = 4u * static_cast<unsigned>(sh.dr * stride);
+      for (int r = sh.r0; r < rows; r += sh.dr, sa += step, sp += nt)
+        asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(sa), "l"(sp) : "memory");
+#else
+      for (int r = sh.r0; r < rows; r += sh.dr, dp += sh.dr * stride, sp += nt) copy_word(dp, sp);
+#endif
+      return;
+    }
+    int r = sh.r0, k = sh.k0;
+    for (int x = tid; x < rows * sh.w; x += nt) {
       copy_word(dst + r * stride + k, s + x);
-      r += dr;
-      k += dk;
-      if (k >= w) {
-        k -= w;
+      r += sh.dr;
+      k += sh.dk;
+      if (k >= sh.w) {
+        k -= sh.w;
         ++r;
       }
     }
@@ -366,6 +408,25 @@ __device__ inline void axpy_group(const float* v, float x, float* s) {
     if (4 * k + 1 < G) s[4 * k + 1] = fmaf(q.y, x, s[4 * k + 1]);
     if (4 * k + 2 < G) s[4 * k + 2] = fmaf(q.z, x, s[4 * k + 2]);
     if (4 * k + 3 < G) s[4 * k + 3] = fmaf(q.w, x, s[4 * k + 3]);
+  }
+}
+
+// s0[j] += v[j] * x0 and s1[j] += v[j] * x1: two channels of one row (one
+// load of the row's weights).
+template <int G>
+__device__ inline void axpy_group2(const float* v, float x0, float x1, float* s0, float* s1) {
+  constexpr int Gp = kPadded<G>;
+  const float4* q4 = reinterpret_cast<const float4*>(v);
+#pragma unroll
+  for (int k = 0; k < Gp / 4; ++k) {
+    const float4 q = q4[k];
+    const float qv[4] = {q.x, q.y, q.z, q.w};
+#pragma unroll
+    for (int e = 0; e < 4; ++e)
+      if (4 * k + e < G) {
+        s0[4 * k + e] = fmaf(qv[e], x0, s0[4 * k + e]);
+        s1[4 * k + e] = fmaf(qv[e], x1, s1[4 * k + e]);
+      }
   }
 }
 
@@ -520,11 +581,11 @@ __global__ void __launch_bounds__(kDecodeThreads, kMmaBits ? kDecodeBlocksPerSmM
       const auto bytes = [](const void* p) { return static_cast<const std::uint8_t*>(p); };
       stage_rows(st + lay.kept, lay.kept_stride, bytes(key ? b.k_kept : b.v_kept), K, 2 * d, tid, nt);
       if (b.bits != 0) {
-        if (key) stage_rows(st + lay.index, 0, bytes(b.kept_index), 1, 2 * K, tid, nt);
+        if (key) stage_run(st + lay.index, bytes(b.kept_index), 2 * K, tid, nt);
         if (Q > 0) {
           stage_rows(st + lay.codes, lay.code_stride, key ? b.k_codes : b.v_codes, Q, b.row_bytes, tid, nt);
-          stage_rows(st + lay.params, 0, bytes(key ? b.k_params : b.v_params), 1, 4 * (key ? d : Q), tid, nt);
-          stage_rows(st + lay.sparse, 0, bytes(key ? b.k_sparse : b.v_sparse), 1, 2 * Q * b.mask_degree, tid, nt);
+          stage_run(st + lay.params, bytes(key ? b.k_params : b.v_params), 4 * (key ? d : Q), tid, nt);
+          stage_run(st + lay.sparse, bytes(key ? b.k_sparse : b.v_sparse), 2 * Q * b.mask_degree, tid, nt);
         }
       }
     }
@@ -862,27 +923,30 @@ __global__ void __launch_bounds__(kDecodeThreads, kMmaBits ? kDecodeBlocksPerSmM
         }
       }
     }
-    const int lanes = nt / d, lt = tid / d, c = tid % d;
+    // One thread per pair of channels (c0 even and c1 = c0 + 1: at 2 and 4
+    // bits one byte holds both codes, and one load of the row's weights
+    // serves both), nt / ceil(d / 2) row lanes.
+    const int pairs = (d + 1) / 2, lanes = nt / pairs, lt = tid / pairs, c0 = 2 * (tid % pairs);
+    const bool has1 = c0 + 1 < d;       // odd head_dim: the last pair has one channel
+    const int c1 = has1 ? c0 + 1 : c0;  // (its twin recomputes c0, discarded)
     if (lt < lanes) {
-      float a[G];
+      float a0[G], a1[G];
 #pragma unroll
-      for (int j = 0; j < G; ++j) a[j] = lt == 0 && coded ? S.vbias[j] : 0.0f;
+      for (int j = 0; j < G; ++j) a0[j] = a1[j] = lt == 0 && coded ? S.vbias[j] : 0.0f;
       if (!kMma && coded) {
-        const int bit = c * bits, byte = bit >> 3, sh = bit & 7;
-        const bool two = sh + bits > 8;
         const unsigned mask = (1u << bits) - 1u;
-        // Pointers stepped row by row (no address arithmetic per row); where
-        // no code straddles a byte (bits dividing 8: every code at 2 and 4
-        // bits) one byte load per row, unrolled.
-        const std::uint8_t* p8 =
-            reinterpret_cast<const std::uint8_t*>(S.vstage + lay.codes) + byte + lt * 4 * lay.code_stride;
+        // Pointers stepped row by row (no address arithmetic per row).
+        const std::uint8_t* p8 = reinterpret_cast<const std::uint8_t*>(S.vstage + lay.codes) + lt * 4 * lay.code_stride;
         const float* w = S.wq + lt * Gp;
         const int step8 = lanes * 4 * lay.code_stride, stepw = lanes * Gp;
-        if (8 % bits == 0) {
+        const int rows = lt < Q ? (Q - lt + lanes - 1) / lanes : 0;
+        if (8 % bits == 0) {  // 2 and 4 bits: both codes in byte c0 bits / 8, one load per row, unrolled
+          p8 += (c0 * bits) >> 3;
+          const int sh0 = (c0 * bits) & 7, sh1 = has1 ? sh0 + bits : sh0;
           const auto row = [&](int k) {
-            axpy_group<G>(w + k * stepw, code_float((static_cast<unsigned>(p8[k * step8]) >> sh) & mask), a);
+            const unsigned x = p8[k * step8];
+            axpy_group2<G>(w + k * stepw, code_float((x >> sh0) & mask), code_float((x >> sh1) & mask), a0, a1);
           };
-          const int rows = lt < Q ? (Q - lt + lanes - 1) / lanes : 0;
           int x = 0;
           for (; x + 4 <= rows; x += 4, p8 += 4 * step8, w += 4 * stepw) {  // no exit test between the four
             row(0);
@@ -891,39 +955,51 @@ __global__ void __launch_bounds__(kDecodeThreads, kMmaBits ? kDecodeBlocksPerSmM
             row(3);
           }
           for (; x < rows; ++x, p8 += step8, w += stepw) row(0);
-        } else {
-          for (int x = lt; x < Q; x += lanes, p8 += step8, w += stepw) {
-            unsigned word = p8[0];
-            if (two) word |= static_cast<unsigned>(p8[1]) << 8;
-            axpy_group<G>(w, code_float((word >> sh) & mask), a);
+        } else {  // 3 bits: a code may straddle two bytes
+          const int b0 = (c0 * bits) >> 3, sh0 = (c0 * bits) & 7, b1 = (c1 * bits) >> 3, sh1 = (c1 * bits) & 7;
+          const bool two0 = sh0 + bits > 8, two1 = sh1 + bits > 8;
+          for (int x = 0; x < rows; ++x, p8 += step8, w += stepw) {
+            unsigned x0 = p8[b0], x1 = p8[b1];
+            if (two0) x0 |= static_cast<unsigned>(p8[b0 + 1]) << 8;
+            if (two1) x1 |= static_cast<unsigned>(p8[b1 + 1]) << 8;
+            axpy_group2<G>(w, code_float((x0 >> sh0) & mask), code_float((x1 >> sh1) & mask), a0, a1);
           }
         }
       }
       if (is_res) {  // kept rows: in place (global memory), or staged (shared memory: no generic loads)
-        for (int r = lt; r < K; r += lanes)
-          axpy_group<G>(S.pk + r * Gp, h2f(b.v_kept[static_cast<std::int64_t>(r) * d + c]), a);
-      } else {
-        const half_bits* v = reinterpret_cast<const half_bits*>(S.vstage + lay.kept) + lt * 2 * lay.kept_stride + c;
+        for (int r = lt; r < K; r += lanes) {
+          const half_bits* v = b.v_kept + static_cast<std::int64_t>(r) * d;
+          axpy_group2<G>(S.pk + r * Gp, h2f(v[c0]), h2f(v[c1]), a0, a1);
+        }
+      } else {  // staged rows start on a word and c0 is even: one 32-bit load for both halves
+        const std::uint32_t* v = S.vstage + lay.kept + lt * lay.kept_stride + c0 / 2;
         const float* pk = S.pk + lt * Gp;
-        const int stepv = lanes * 2 * lay.kept_stride, stepk = lanes * Gp;
-        for (int r = lt; r < K; r += lanes, v += stepv, pk += stepk) axpy_group<G>(pk, h2f(*v), a);
-      }
-      if (d1 > 0 && coded) {  // expander entries of channel c: the true value replaces min
-        const auto* vs = reinterpret_cast<const half_bits*>(S.vstage + lay.sparse);
-        for (int x = S.col_ptr[c] + lt; x < S.col_ptr[c + 1]; x += lanes) {
-          const int t = S.col[x] >> 8, e = S.col[x] & 0xff, row = t < n ? S.tq[t] : -1;
-          if (row < 0) continue;
-          const float corr = h2f(vs[row * d1 + e]) - h2f(vpar[row].min);
-#pragma unroll
-          for (int j = 0; j < G; ++j) a[j] = fmaf(S.p[j * nb + t], corr, a[j]);
+        const int stepv = lanes * lay.kept_stride, stepk = lanes * Gp;
+        for (int r = lt; r < K; r += lanes, v += stepv, pk += stepk) {
+          const std::uint32_t x = *v;
+          axpy_group2<G>(pk, h2f(static_cast<half_bits>(x & 0xffffu)),
+                         h2f(static_cast<half_bits>(has1 ? x >> 16 : x & 0xffffu)), a0, a1);
         }
       }
-      if (lanes == 1 && !kMma) {  // (tensor cores: the tiles' sums go in beside these)
+      if (d1 > 0 && coded) {  // expander entries of each channel: the true value replaces min
+        const auto* vs = reinterpret_cast<const half_bits*>(S.vstage + lay.sparse);
+        const auto entries = [&](int c, float* a) {
+          for (int x = S.col_ptr[c] + lt; x < S.col_ptr[c + 1]; x += lanes) {
+            const int t = S.col[x] >> 8, e = S.col[x] & 0xff, row = t < n ? S.tq[t] : -1;
+            if (row < 0) continue;
+            const float corr = h2f(vs[row * d1 + e]) - h2f(vpar[row].min);
 #pragma unroll
-        for (int j = 0; j < G; ++j) S.acc[j * d + c] += a[j];
-      } else {
+            for (int j = 0; j < G; ++j) a[j] = fmaf(S.p[j * nb + t], corr, a[j]);
+          }
+        };
+        entries(c0, a0);
+        if (has1) entries(c1, a1);
+      }
+      // (lanes >= 2 for head_dim <= 2 nt; with tensor cores the tiles' sums go in beside these)
 #pragma unroll
-        for (int j = 0; j < G; ++j) atomicAdd(&S.acc[j * d + c], a[j]);
+      for (int j = 0; j < G; ++j) {
+        atomicAdd(&S.acc[j * d + c0], a0[j]);
+        if (has1) atomicAdd(&S.acc[j * d + c1], a1[j]);
       }
     }
     __syncthreads();
