@@ -14,12 +14,17 @@
 #   scripts/gpu_check.sh build            # the build step alone (any machine with nvcc)
 #   scripts/gpu_check.sh pack             # with nvcc, no GPU needed: build, then the binaries
 #                                         # and the libraries they need into out/gpu/bin
+#                                         # (BASE=<commit>: also that commit's benchmark
+#                                         # binary, out/gpu/bin/bench_base)
 #   scripts/gpu_check.sh device [OUT_DIR] # GPU machine, out/gpu/bin carried there: tests,
 #                                         # compute-sanitizer, benchmarks (four groups, one
 #                                         # JSON each); no build, each step under a time
 #                                         # limit (STEP_LIMIT seconds, default 150; half that
 #                                         # for sdpa, sanitizers, ncu;
-#                                         # NCU_FILTER: a benchmark whose decode ncu profiles)
+#                                         # NCU_FILTER: a benchmark whose decode ncu profiles);
+#                                         # with bench_base there, then HEX-4 decode for it
+#                                         # and for this build again (BASE_FILTER;
+#                                         # bench_base.json, bench_again.json)
 # Every step runs even when an earlier one fails; the exit status is 1 if any
 # failed. Environment: CUDA_ARCH (default 90), SANITIZE_FILTER (the tests run
 # under compute-sanitizer; default the small shapes), BENCH_FILTER.
@@ -46,12 +51,27 @@ build() {
   cmake --build "$tree" -j "$(nproc)"
 }
 
+# The benchmark binary of commit $BASE (a worktree in build/gpu-base-src, its
+# tree in build/gpu-base), for timings against it in the same device run.
+build_base() {
+  local src=build/gpu-base-src
+  git worktree remove --force "$src" 2>/dev/null || rm -rf "$src"
+  git worktree add --detach "$src" "$BASE" >/dev/null
+  cmake -S "$src/tests/cuda/standalone" -B build/gpu-base -G Ninja -DCMAKE_BUILD_TYPE=Release \
+    -DCMAKE_PREFIX_PATH="$prefix/usr" -DCMAKE_CUDA_ARCHITECTURES="${CUDA_ARCH:-90}" >/dev/null
+  cmake --build build/gpu-base -j "$(nproc)" --target bench_hex_cuda
+}
+
 bin=out/gpu/bin
 pack() {
   build
   rm -rf "$bin"
   mkdir -p "$bin"
   cp "$tree"/kvcal_cuda_tests "$tree"/bench_hex_cuda "$bin"/
+  if [[ -n ${BASE:-} ]]; then
+    build_base
+    cp build/gpu-base/bench_hex_cuda "$bin"/bench_base
+  fi
   # Every library they load but the C and C++ runtimes (the GPU machine's are
   # as new or newer) and the driver's.
   ldd "$bin"/kvcal_cuda_tests "$bin"/bench_hex_cuda | awk '/=> \//{print $3}' | sort -u |
@@ -131,6 +151,13 @@ device_all() {  # the prebuilt binaries of 'pack'
       --benchmark_out="$out/bench_hex_cuda_$k.json" --benchmark_out_format=json
     k=$((k + 1))
   done
+  if [[ -x $tree/bench_base ]]; then  # HEX-4 decode, baseline then this build again (interleaved)
+    local bf=${BASE_FILTER:-'BM_decode/bits:4/|BM_decode_groups'}
+    step "${limit[@]}" "$tree"/bench_base --benchmark_filter="$bf" \
+      --benchmark_out="$out/bench_base.json" --benchmark_out_format=json
+    step "${limit[@]}" "$tree"/bench_hex_cuda --benchmark_filter="$bf" \
+      --benchmark_out="$out/bench_again.json" --benchmark_out_format=json
+  fi
   limit=(timeout -k 5 $((s / 2)))
   step "${limit[@]}" env LD_LIBRARY_PATH="$own" python3 scripts/bench_sdpa.py --out "$out/bench_sdpa.json"
   step sanitize memcheck
