@@ -995,7 +995,7 @@ __global__ void __launch_bounds__(kDecodeThreads, kMmaBits ? kDecodeBlocksPerSmM
         entries(c0, a0);
         if (has1) entries(c1, a1);
       }
-      // (lanes >= 2 for head_dim <= 2 nt; with tensor cores the tiles' sums go in beside these)
+      // (several row lanes per channel: atomics; with tensor cores the tiles' sums go in beside these)
 #pragma unroll
       for (int j = 0; j < G; ++j) {
         atomicAdd(&S.acc[j * d + c0], a0[j]);
