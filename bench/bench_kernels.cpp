@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "force_target.h"
+#include "runtime/hex/entries_cpu.h"
 #include "runtime/hex/kernels_cpu.h"
 
 namespace {
@@ -125,6 +126,50 @@ void quantize(benchmark::State& state, const std::string& dot) {
   state.SetItemsProcessed(state.iterations() * kDim);
 }
 
+// Integer scores of one query over a HEX block's rows: 94 quantized rows
+// (two kept tokens) against 96, the last 14 rows past the unrolled steps.
+void scores_rows(benchmark::State& state) {
+  const std::int64_t rows = state.range(0);
+  Inputs in(4, 1, kDim, 1);
+  std::vector<std::int32_t> out(static_cast<std::size_t>(kRows));
+  for (auto _ : state) {
+    d::code_scores_int(in.codes.data(), rows, in.row_bytes, 4, kDim, 1, in.w8.data(), 1, kDim, out.data(), kRows);
+    benchmark::DoNotOptimize(out.data());
+  }
+  state.SetItemsProcessed(state.iterations() * rows * kDim);
+}
+
+// The expander entries of a HEX block (96 tokens, 4 entries each, the two
+// kept tokens 30 and 64 splitting it into runs of 30, 33 and 31) turned
+// into differences x - min, key side (a table of the key channels' mins,
+// range(0) floats: 128 are held in registers on AVX-512 hosts, 129 are
+// gathered) and value side.
+void entry_diffs(benchmark::State& state) {
+  const std::int64_t table = state.range(0), d1 = 4;
+  std::mt19937_64 rng(6);
+  std::normal_distribution<float> g(0.0f, 1.0f);
+  std::vector<float> mins(static_cast<std::size_t>(table)), params(2 * kRows),
+      out(static_cast<std::size_t>(d1 * kRows));
+  std::vector<std::int32_t> idx(static_cast<std::size_t>(kRows * d1));
+  std::vector<kvcal::runtime::half_bits> x(idx.size());
+  for (auto& v : mins) v = g(rng);
+  for (auto& v : params) v = g(rng);
+  for (auto& v : idx) v = static_cast<std::int32_t>(rng() % static_cast<std::uint64_t>(kDim));
+  for (auto& v : x) v = kvcal::runtime::float_to_half(g(rng));
+  const std::int64_t runs[3][2] = {{0, 30}, {31, 33}, {65, 31}};  // (first token, length)
+  for (auto _ : state) {
+    std::int64_t q = 0;  // quantized row of the run's first token
+    for (const auto& r : runs) {
+      d::key_entry_diffs(mins.data(), table, idx.data() + r[0] * d1, x.data() + q * d1, r[1], d1, out.data() + r[0],
+                         kRows);
+      d::value_entry_diffs(params.data() + 2 * q, x.data() + q * d1, r[1], d1, out.data() + r[0], kRows);
+      q += r[1];
+    }
+    benchmark::DoNotOptimize(out.data());
+  }
+  state.SetItemsProcessed(state.iterations() * 94 * d1);
+}
+
 int register_all() {
   kvcal::bench::force_target_from_env();  // KVCAL_BENCH_TARGET (force_target.h)
   benchmark::AddCustomContext("simd_target",
@@ -139,6 +184,8 @@ int register_all() {
     }
     if (s != "float32") benchmark::RegisterBenchmark(("kernel/quantize/" + s).c_str(), quantize, s);
   }
+  benchmark::RegisterBenchmark("kernel/scores_rows/int8", scores_rows)->Arg(94)->Arg(96);
+  benchmark::RegisterBenchmark("kernel/entry_diffs", entry_diffs)->Arg(128)->Arg(129);
   benchmark::RegisterBenchmark("kernel/widen3", widen3);
   benchmark::RegisterBenchmark("kernel/softmax", softmax);
   return 0;

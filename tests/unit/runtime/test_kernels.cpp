@@ -27,6 +27,7 @@
 #endif
 
 #include "kvcal/core/half.h"
+#include "runtime/hex/entries_cpu.h"
 #include "runtime/hex/kernels_cpu.h"
 
 namespace kvcal::runtime::detail {
@@ -224,18 +225,23 @@ TEST(HexKernels, EntryKernelsMatchReference) {
     std::mt19937_64 rng(0x656e7472);
     std::normal_distribution<float> g(0.0f, 1.0f);
     const auto n_ = [](i64 k) { return static_cast<std::size_t>(k); };
-    for (const i64 n : {0, 1, 5, 8, 16, 33, 100})
+    // Runs shorter than a vector, of whole vectors and with a partial last
+    // one; mins tables held in registers (up to 128 on AVX-512) or gathered.
+    for (const i64 n : {0, 1, 5, 8, 16, 17, 31, 33, 100})
       for (const i64 grp : {1, 2, 3, 4, 5, 8, 12}) {
-        SCOPED_TRACE("n " + std::to_string(n) + " entries per token " + std::to_string(grp));
+        const i64 tab = n % 3 == 0 ? 64 : n % 3 == 1 ? 128 : 200;
+        SCOPED_TRACE("n " + std::to_string(n) + " entries per token " + std::to_string(grp) + " table " +
+                     std::to_string(tab));
         const i64 os = n + 3;  // entry stride of the entry-major outputs
-        std::vector<float> b(64), x(n_(n * grp)), params(n_(2 * n));
+        std::vector<float> b(n_(tab)), params(n_(2 * n));
+        std::vector<half_bits> x(n_(n * grp));  // the entries as a block stores them
         std::vector<std::int32_t> idx(n_(n * grp));
         for (auto& v : b) v = g(rng);
-        for (auto& v : x) v = g(rng);
+        for (auto& v : x) v = float_to_half(g(rng));
         for (auto& v : params) v = g(rng);
-        for (auto& v : idx) v = static_cast<std::int32_t>(rng() % 64);
+        for (auto& v : idx) v = static_cast<std::int32_t>(rng() % n_(tab));
         std::vector<float> kd(n_(grp * os), -3.0f), vd(n_(grp * os), -3.0f);
-        key_entry_diffs(b.data(), idx.data(), x.data(), n, grp, kd.data(), os);
+        key_entry_diffs(b.data(), tab, idx.data(), x.data(), n, grp, kd.data(), os);
         value_entry_diffs(params.data(), x.data(), n, grp, vd.data(), os);
         for (i64 e = 0; e < grp; ++e)
           for (i64 i = 0; i < os; ++i) {
@@ -246,8 +252,9 @@ TEST(HexKernels, EntryKernelsMatchReference) {
               continue;
             }
             const auto src = n_(i * grp + e);
-            ASSERT_EQ(kd[k], x[src] - b[n_(idx[src])]) << "key entry " << e << " of token " << i;
-            ASSERT_EQ(vd[k], x[src] - params[n_(2 * i + 1)]) << "value entry " << e << " of token " << i;
+            const float xs = half_to_float(x[src]);
+            ASSERT_EQ(kd[k], xs - b[n_(idx[src])]) << "key entry " << e << " of token " << i;
+            ASSERT_EQ(vd[k], xs - params[n_(2 * i + 1)]) << "value entry " << e << " of token " << i;
           }
         // entry_scores over entry-major inputs of different strides.
         const i64 as = n + 1, xs = os;
@@ -327,7 +334,7 @@ TEST(HexKernels, BlockWeightsMatchReference) {
           ASSERT_EQ(kmin[n(dim)], -5.0f);
           ASSERT_EQ(bias[n(nq)], -5.0f);
         }
-    for (const i64 rows : {0, 1, 5, 16, 33, 96}) {
+    for (const i64 rows : {0, 1, 5, 15, 16, 17, 33, 94, 96}) {  // partial vectors of every width
       std::vector<float> params(static_cast<std::size_t>(2 * rows)), p(static_cast<std::size_t>(rows));
       for (auto& x : params) x = g(rng);
       for (auto& x : p) x = std::fabs(g(rng));
@@ -416,7 +423,7 @@ TEST(HexKernels, IntegerCodeKernelsEqualReferenceExactly) {
       for (const i64 dim : {16, 32, 64, 96, 128, 192, 256, 12, 130})
         for (const int bits : {2, 3, 4})
           for (const i64 nq : {1, 2, 3, 4, 5})
-            for (const i64 rows : {1, 2, 3, 4, 5, 7, 8, 9, 16, 17, 33, 96, 97}) {
+            for (const i64 rows : {1, 2, 3, 4, 5, 7, 8, 9, 14, 16, 17, 30, 33, 96, 97}) {
               SCOPED_TRACE("limbs " + std::to_string(limbs) + " dim " + std::to_string(dim) + " bits " +
                            std::to_string(bits) + " nq " + std::to_string(nq) + " rows " + std::to_string(rows));
               const i64 rb = (dim * bits + 7) / 8 + (rows % 2);  // padded rows for odd row counts
@@ -593,7 +600,7 @@ TEST(HexKernels, QuantizeWeights14IsTheSameOnEveryTargetAndBounded) {
     std::vector<float> w;
   };
   std::vector<Case> cases;
-  for (const i64 n : {1, 5, 16, 17, 64, 96, 128, 257}) {
+  for (const i64 n : {1, 5, 16, 17, 30, 64, 94, 96, 128, 257}) {
     Case c;
     for (i64 i = 0; i < n; ++i) c.w.push_back(g(rng) * (i % 9 == 0 ? 50.0f : 1.0f));
     cases.push_back(c);
@@ -650,7 +657,7 @@ TEST(HexKernels, QuantizeWeights8IsTheSameOnEveryTargetAndBounded) {
   std::mt19937_64 rng(0x71383877);
   std::normal_distribution<float> g(0.0f, 1.0f);
   std::vector<std::vector<float>> cases;
-  for (const i64 n : {1, 5, 16, 17, 64, 96, 128, 257}) {
+  for (const i64 n : {1, 5, 16, 17, 30, 64, 94, 96, 128, 257}) {
     std::vector<float> w;
     for (i64 i = 0; i < n; ++i) w.push_back(g(rng) * (i % 9 == 0 ? 50.0f : 1.0f));
     cases.push_back(w);

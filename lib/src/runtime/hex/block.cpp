@@ -11,6 +11,7 @@
 #include "kvcal/runtime/hex.h"
 #include "runtime/checks.h"
 #include "runtime/hex/block.h"
+#include "runtime/hex/entries_cpu.h"
 #include "runtime/hex/kernels_cpu.h"
 
 namespace kvcal::runtime {
@@ -211,7 +212,7 @@ namespace {
 
 // Per-thread scratch of the decode paths (no allocation per block).
 struct Scratch {
-  std::vector<float> qd, bias, kmin, params, entries, sparse, qs, a, ws, kept, tmp;
+  std::vector<float> qd, bias, kmin, params, sparse, qs, a, ws, kept, tmp;
   std::vector<std::int8_t> w8;
   std::vector<std::int32_t> qi;
   template <class T>
@@ -356,12 +357,10 @@ void detail::block_scores(const HexBlockView& b, const float* q, std::int64_t nq
     // tokens' places (0 at kept tokens), so that the queries' passes cover
     // the whole block at once instead of the runs between kept tokens.
     if (d1 > 0) {
-      float* x = Scratch::get(sc.entries, nqr * d1);
-      halves_to_floats(b.k_sparse, nqr * d1, x);
       walk_tokens(
           b,
           [&](std::int64_t t0, std::int64_t n, std::int64_t qr0) {
-            key_entry_diffs(kmin, b.mask_indices + t0 * d1, x + qr0 * d1, n, d1, sparse + t0, T);
+            key_entry_diffs(kmin, d, b.mask_indices + t0 * d1, b.k_sparse + qr0 * d1, n, d1, sparse + t0, T);
           },
           [&](std::int64_t t, std::int64_t) {
             for (std::int64_t e = 0; e < d1; ++e) sparse[e * T + t] = 0.0f;
@@ -445,12 +444,10 @@ void detail::block_accumulate(const HexBlockView& b, const float* p, std::int64_
   // per entry over the blocks (ve) and scattered once.
   float* sums = nullptr;
   if (d1 > 0 && nqr > 0) {
-    float* x = Scratch::get(sc.entries, nqr * d1);
-    halves_to_floats(b.v_sparse, nqr * d1, x);
     walk_tokens(
         b,
         [&](std::int64_t t0, std::int64_t n, std::int64_t qr0) {
-          value_entry_diffs(params + 2 * qr0, x + qr0 * d1, n, d1, sparse + t0, T);
+          value_entry_diffs(params + 2 * qr0, b.v_sparse + qr0 * d1, n, d1, sparse + t0, T);
         },
         [&](std::int64_t t, std::int64_t) {
           for (std::int64_t e = 0; e < d1; ++e) sparse[e * T + t] = 0.0f;

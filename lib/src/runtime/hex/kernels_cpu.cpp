@@ -1289,138 +1289,6 @@ void AxpyInt(float w, const std::int32_t* HWY_RESTRICT x, float* HWY_RESTRICT y,
   for (std::int64_t i = 0; i < n; ++i) y[i] += w * static_cast<float>(x[i]);
 }
 
-// The expander entries arrive token-major (entry e of token i at i * g + e)
-// and the per-query kernels read them entry-major (entry e of token i at
-// e * stride + i), so that each reads and writes whole vectors of tokens
-// with no deinterleaving: the per-block kernels below write that layout
-// once for every query of the group.
-
-// Calls f(v_0, ..., v_{kG-1}) with v_e holding entry e of the N tokens whose
-// entries start at p (kG entries per token, kG <= 4).
-template <int kG, class D, class F>
-HWY_INLINE void Deinterleaved(D d, const hn::TFromD<D>* HWY_RESTRICT p, F f) {
-  if constexpr (kG == 1) {
-    f(hn::LoadU(d, p));
-  } else if constexpr (kG == 2) {
-    hn::Vec<D> v0, v1;
-    hn::LoadInterleaved2(d, p, v0, v1);
-    f(v0, v1);
-  } else if constexpr (kG == 3) {
-    hn::Vec<D> v0, v1, v2;
-    hn::LoadInterleaved3(d, p, v0, v1, v2);
-    f(v0, v1, v2);
-  } else {
-    static_assert(kG == 4, "one to four entries per token");
-    hn::Vec<D> v0, v1, v2, v3;
-    hn::LoadInterleaved4(d, p, v0, v1, v2, v3);
-    f(v0, v1, v2, v3);
-  }
-}
-
-// f(integral_constant<kG>) for g in 1 .. 4; nothing for other g (the
-// callers' scalar loops then take every token).
-template <class F>
-HWY_INLINE void WithEntries(std::int64_t g, F f) {
-  switch (g) {
-    case 1:
-      return f(std::integral_constant<int, 1>());
-    case 2:
-      return f(std::integral_constant<int, 2>());
-    case 3:
-      return f(std::integral_constant<int, 3>());
-    case 4:
-      return f(std::integral_constant<int, 4>());
-    default:
-      return;
-  }
-}
-
-// out[e * os + i] = x[i * g + e] - b[idx[i * g + e]] for i < n, e < g.
-void KeyEntryDiffs(const float* HWY_RESTRICT b, const std::int32_t* HWY_RESTRICT idx, const float* HWY_RESTRICT x,
-                   std::int64_t n, std::int64_t g, float* HWY_RESTRICT out, std::int64_t os) {
-  std::int64_t i = 0;
-#if HWY_TARGET != HWY_SCALAR
-  const DF df;
-  const DI di;
-  const auto N = static_cast<std::int64_t>(hn::Lanes(df));
-  WithEntries(g, [&](auto kg) {
-    constexpr int kG = decltype(kg)::value;
-    for (; i + N <= n; i += N)
-      Deinterleaved<kG>(df, x + i * kG, [&](auto... xv) {
-        Deinterleaved<kG>(di, idx + i * kG, [&](auto... iv) {
-          std::int64_t e = 0;
-          (hn::StoreU(hn::Sub(xv, hn::GatherIndex(df, b, iv)), df, out + (e++) * os + i), ...);
-        });
-      });
-  });
-#endif
-  for (; i < n; ++i)
-    for (std::int64_t e = 0; e < g; ++e) out[e * os + i] = x[i * g + e] - b[idx[i * g + e]];
-}
-
-// out[e * os + i] = x[i * g + e] - params[2 i + 1] for i < n, e < g.
-void ValueEntryDiffs(const float* HWY_RESTRICT params, const float* HWY_RESTRICT x, std::int64_t n, std::int64_t g,
-                     float* HWY_RESTRICT out, std::int64_t os) {
-  std::int64_t i = 0;
-#if HWY_TARGET != HWY_SCALAR
-  const DF df;
-  const auto N = static_cast<std::int64_t>(hn::Lanes(df));
-  WithEntries(g, [&](auto kg) {
-    constexpr int kG = decltype(kg)::value;
-    for (; i + N <= n; i += N) {
-      hn::Vec<DF> delta, mn;
-      hn::LoadInterleaved2(df, params + 2 * i, delta, mn);
-      (void)delta;
-      Deinterleaved<kG>(df, x + i * kG, [&](auto... xv) {
-        std::int64_t e = 0;
-        (hn::StoreU(hn::Sub(xv, mn), df, out + (e++) * os + i), ...);
-      });
-    }
-  });
-#endif
-  for (; i < n; ++i)
-    for (std::int64_t e = 0; e < g; ++e) out[e * os + i] = x[i * g + e] - params[2 * i + 1];
-}
-
-// out[i] += sum_{e < g} a[e * as + i] * x[e * xs + i], each product added
-// to the running sum in entry order.
-void EntryScores(const float* HWY_RESTRICT a, std::int64_t as, const float* HWY_RESTRICT x, std::int64_t xs,
-                 std::int64_t n, std::int64_t g, float* HWY_RESTRICT out) {
-  std::int64_t i = 0;
-#if HWY_TARGET != HWY_SCALAR
-  const DF df;
-  const auto N = static_cast<std::int64_t>(hn::Lanes(df));
-  for (; i + N <= n; i += N) {
-    auto s = hn::LoadU(df, out + i);
-    for (std::int64_t e = 0; e < g; ++e)
-      s = hn::MulAdd(hn::LoadU(df, a + e * as + i), hn::LoadU(df, x + e * xs + i), s);
-    hn::StoreU(s, df, out + i);
-  }
-#endif
-  for (; i < n; ++i) {
-    float t = out[i];
-    for (std::int64_t e = 0; e < g; ++e) t = std::fma(a[e * as + i], x[e * xs + i], t);
-    out[i] = t;
-  }
-}
-
-// y[e * ys + i] += p[i] * x[e * xs + i] for i < n, e < g.
-void GroupAxpy(const float* HWY_RESTRICT p, std::int64_t n, std::int64_t g, const float* HWY_RESTRICT x,
-               std::int64_t xs, float* HWY_RESTRICT y, std::int64_t ys) {
-  std::int64_t i = 0;
-#if HWY_TARGET != HWY_SCALAR
-  const DF df;
-  const auto N = static_cast<std::int64_t>(hn::Lanes(df));
-  for (; i + N <= n; i += N) {
-    const auto w = hn::LoadU(df, p + i);
-    for (std::int64_t e = 0; e < g; ++e)
-      hn::StoreU(hn::MulAdd(w, hn::LoadU(df, x + e * xs + i), hn::LoadU(df, y + e * ys + i)), df, y + e * ys + i);
-  }
-#endif
-  for (; i < n; ++i)
-    for (std::int64_t e = 0; e < g; ++e) y[e * ys + i] += p[i] * x[e * xs + i];
-}
-
 // The key side of a block (see kernels_cpu.h: key_weights). Channel-order
 // products first, in vectors, then the slot order: for two and four phases
 // one deinterleaving load per vector, else a scalar permutation.
@@ -1489,31 +1357,6 @@ void KeyWeights(const float* params, const float* q, std::int64_t nq, std::int64
     for (; i < run; ++i)
       for (std::int64_t k = 0; k < per; ++k) qdj[k * run + i] = prod[i * per + k];
   }
-}
-
-// The value side of a run of quantized rows: a[i] = p[i] * delta_i, returns
-// sum_i p[i] * min_i ((delta, min) pairs at params).
-float ValueWeights(const float* params, const float* p, std::int64_t n, float* a) {
-  std::int64_t i = 0;
-  float s = 0;
-#if !HWY_HAVE_SCALABLE && HWY_TARGET != HWY_SCALAR
-  const DF df;
-  const auto N = static_cast<std::int64_t>(hn::Lanes(df));
-  auto sv = hn::Zero(df);
-  for (; i + N <= n; i += N) {
-    hn::Vec<DF> dl, mn;
-    hn::LoadInterleaved2(df, params + 2 * i, dl, mn);
-    const auto pv = hn::LoadU(df, p + i);
-    hn::StoreU(hn::Mul(pv, dl), df, a + i);
-    sv = hn::MulAdd(pv, mn, sv);
-  }
-  s = hn::GetLane(hn::SumOfLanes(df, sv));
-#endif
-  for (; i < n; ++i) {
-    a[i] = p[i] * params[2 * i];
-    s += p[i] * params[2 * i + 1];
-  }
-  return s;
 }
 
 // ---------------------------------------------------------------- integer dot
@@ -2260,13 +2103,20 @@ void ScoresIntGroups(D8 d8, const std::uint8_t* codes, std::int64_t rows, std::i
       std::int64_t r = 0;
 #if !HWY_HAVE_SCALABLE && KVCAL_ROW_KERNELS
       constexpr int kR = std::max(1, (kAccVectors / kL) / kQ);  // kL limbs per row and query
-      // int16 pair sums where a row adds at most kPairSums of them per lane.
-      if (kPairTarget && run / static_cast<std::int64_t>(hn::Lanes(d8)) * IntPhases(kBits) <= kPairSums)
-        r = ScoresIntRows<kBits, kQ, kL, kR, kPairTarget>(d8, codes, rows, row_bytes, run, dim, wj, w8_stride, oj,
-                                                          out_stride);
-      else
-        r = ScoresIntRows<kBits, kQ, kL, kR, false>(d8, codes, rows, row_bytes, run, dim, wj, w8_stride, oj,
-                                                    out_stride);
+      const auto unrolled = [&](const std::uint8_t* c, std::int64_t n, std::int32_t* o, std::int64_t os) {
+        // int16 pair sums where a row adds at most kPairSums of them per lane.
+        if (kPairTarget && run / static_cast<std::int64_t>(hn::Lanes(d8)) * IntPhases(kBits) <= kPairSums)
+          return ScoresIntRows<kBits, kQ, kL, kR, kPairTarget>(d8, c, n, row_bytes, run, dim, wj, w8_stride, o, os);
+        return ScoresIntRows<kBits, kQ, kL, kR, false>(d8, c, n, row_bytes, run, dim, wj, w8_stride, o, os);
+      };
+      r = unrolled(codes, rows, oj, out_stride);
+      // More than half a step of rows left (a HEX block's kept tokens leave
+      // 94 rows of 96, 14 past the last step of 16): one more step over the
+      // last kR rows, overlapping the step before, whose rows it writes
+      // again with the same sums (ScoresInt takes about twice as long per row).
+      if (r < rows && rows >= kR && 2 * (rows - r) > kR &&
+          unrolled(codes + (rows - kR) * row_bytes, kR, oj + (rows - kR), out_stride) == kR)
+        r = rows;
 #endif
       if (r < rows)
         ScoresInt<kBits, kQ, kL>(d8, codes + r * row_bytes, rows - r, row_bytes, run, dim, wj, w8_stride, oj + r,
@@ -2395,6 +2245,10 @@ HWY_INLINE float MaxAbs(const float* w, std::int64_t n) {
     m0 = hn::Max(m0, hn::Abs(hn::LoadU(df, w + i)));
     i += N;
   }
+  if (i < n && n >= N) {  // the last vector, overlapping the one before
+    m1 = hn::Max(m1, hn::Abs(hn::LoadU(df, w + n - N)));
+    i = n;
+  }
   float m = hn::GetLane(hn::MaxOfLanes(df, hn::Max(m0, m1)));
   for (; i < n; ++i) m = std::max(m, std::fabs(w[i]));
   return m;
@@ -2445,15 +2299,23 @@ HWY_INLINE float QuantizeRow(const float* w, std::int64_t n, std::int8_t* out) {
   const auto iv = hn::Set(df, inv), pv = hn::Set(df, pre);
   const auto top = hn::Set(di, kLevels), bottom = hn::Set(di, -kLevels), low7 = hn::Set(di, 127);
   const hn::Rebind<std::int8_t, DI> d8;  // every limb fits int8: no saturation happens
-  for (; i + N <= n; i += N) {
-    const auto x = hn::LoadU(df, w + i);
+  const auto step = [&](std::int64_t k) {
+    const auto x = hn::LoadU(df, w + k);
     const auto v = hn::Min(hn::Max(hn::NearestInt(hn::Mul(tiny ? hn::Mul(x, pv) : x, iv)), bottom), top);
     if constexpr (kL == 1) {
-      hn::StoreU(hn::DemoteTo(d8, v), d8, out + i);
+      hn::StoreU(hn::DemoteTo(d8, v), d8, out + k);
     } else {
-      hn::StoreU(hn::DemoteTo(d8, hn::ShiftRight<7>(v)), d8, out + i);  // arithmetic: floor(v / 128)
-      hn::StoreU(hn::DemoteTo(d8, hn::And(v, low7)), d8, out + n + i);  // v - 128 floor(v / 128)
+      hn::StoreU(hn::DemoteTo(d8, hn::ShiftRight<7>(v)), d8, out + k);  // arithmetic: floor(v / 128)
+      hn::StoreU(hn::DemoteTo(d8, hn::And(v, low7)), d8, out + n + k);  // v - 128 floor(v / 128)
     }
+  };
+  for (; i + N <= n; i += N) step(i);
+  // The last vector overlapping the one before (a HEX block's 94 value
+  // weights: 14 past the last whole vector), its repeated lanes rounded to
+  // the same values again.
+  if (i < n && n >= N) {
+    step(n - N);
+    i = n;
   }
   for (; i < n; ++i) {
     const float x = tiny ? w[i] * pre : w[i];
@@ -2544,11 +2406,6 @@ HWY_EXPORT(QuantizeRows);
 HWY_EXPORT(AddSlots);
 HWY_EXPORT(AxpyInt);
 HWY_EXPORT(KeyWeights);
-HWY_EXPORT(KeyEntryDiffs);
-HWY_EXPORT(ValueEntryDiffs);
-HWY_EXPORT(EntryScores);
-HWY_EXPORT(GroupAxpy);
-HWY_EXPORT(ValueWeights);
 
 namespace {
 // A row of floats per thread for the kernels that convert or unpack a row
@@ -2635,26 +2492,6 @@ void key_weights(const float* params, const float* q, std::int64_t nq, std::int6
                  const Slots& sl, float* qd, float* kmin, float* bias, float* tmp) {
   HWY_DYNAMIC_DISPATCH(KeyWeights)(params, q, nq, q_stride, scale, sl.per, sl.run, qd, kmin, bias, tmp);
 }
-void key_entry_diffs(const float* b, const std::int32_t* idx, const float* x, std::int64_t n, std::int64_t g,
-                     float* out, std::int64_t out_stride) {
-  HWY_DYNAMIC_DISPATCH(KeyEntryDiffs)(b, idx, x, n, g, out, out_stride);
-}
-void value_entry_diffs(const float* params, const float* x, std::int64_t n, std::int64_t g, float* out,
-                       std::int64_t out_stride) {
-  HWY_DYNAMIC_DISPATCH(ValueEntryDiffs)(params, x, n, g, out, out_stride);
-}
-void entry_scores(const float* a, std::int64_t a_stride, const float* x, std::int64_t x_stride, std::int64_t n,
-                  std::int64_t g, float* out) {
-  HWY_DYNAMIC_DISPATCH(EntryScores)(a, a_stride, x, x_stride, n, g, out);
-}
-void group_axpy(const float* p, std::int64_t n, std::int64_t g, const float* x, std::int64_t x_stride, float* y,
-                std::int64_t y_stride) {
-  HWY_DYNAMIC_DISPATCH(GroupAxpy)(p, n, g, x, x_stride, y, y_stride);
-}
-float value_weights(const float* params, const float* p, std::int64_t n, float* a) {
-  return HWY_DYNAMIC_DISPATCH(ValueWeights)(params, p, n, a);
-}
-
 bool int_dot_layout(int bits, std::int64_t dim) {
   if (bits == 3) return dim % 8 == 0 && dim / 2 <= kIntWide3Bytes && int_dot_layout(4, dim);
   const Slots sl(bits, dim);

@@ -95,25 +95,6 @@ void code_accumulate(const std::uint8_t* codes, std::int64_t rows, std::int64_t 
 void add_slots(const float* acc, const Slots& sl, float bias, float* out);
 // y[i] += w * x[i] for i < n, from int32 x.
 void axpy_int(float w, const std::int32_t* x, float* y, std::int64_t n);
-// The expander entries of n tokens, g per token: the kernels below take
-// them token-major from a block (entry e of token i at x[i * g + e]) and
-// keep them entry-major (at out[e * out_stride + i]), so that the
-// per-query kernels read whole vectors of tokens.
-// Key side: out[e * out_stride + i] = x[i * g + e] - b[idx[i * g + e]].
-void key_entry_diffs(const float* b, const std::int32_t* idx, const float* x, std::int64_t n, std::int64_t g,
-                     float* out, std::int64_t out_stride);
-// Value side: out[e * out_stride + i] = x[i * g + e] - params[2 i + 1] (the
-// token's min in its (delta, min) pair).
-void value_entry_diffs(const float* params, const float* x, std::int64_t n, std::int64_t g, float* out,
-                       std::int64_t out_stride);
-// The entries' part of n tokens' scores, entry-major inputs, added to them:
-//   out[i] += sum_{e < g} a[e * a_stride + i] * x[e * x_stride + i]
-// (out apart from the inputs; the products added to out[i] in entry order).
-void entry_scores(const float* a, std::int64_t a_stride, const float* x, std::int64_t x_stride, std::int64_t n,
-                  std::int64_t g, float* out);
-// y[e * y_stride + i] += p[i] * x[e * x_stride + i] for i < n and e < g.
-void group_axpy(const float* p, std::int64_t n, std::int64_t g, const float* x, std::int64_t x_stride, float* y,
-                std::int64_t y_stride);
 // The key side of a block for nq queries (q_j at q + j * q_stride), from its
 // key groups as floats, params[2c] = delta_c and params[2c + 1] = min_c for
 // c < sl.dim:
@@ -122,9 +103,7 @@ void group_axpy(const float* p, std::int64_t n, std::int64_t g, const float* x, 
 // tmp holds 2 * dim floats of scratch.
 void key_weights(const float* params, const float* q, std::int64_t nq, std::int64_t q_stride, float scale,
                  const Slots& sl, float* qd, float* kmin, float* bias, float* tmp);
-// The value side of n quantized rows, params[2i] = delta_i and params[2i + 1]
-// = min_i: a[i] = p[i] * delta_i; returns sum_i p[i] * min_i.
-float value_weights(const float* params, const float* p, std::int64_t n, float* a);
+// value_weights: entries_cpu.h.
 
 // Integer scores (the fixed-point decode paths): integer weights of one or
 // two int8 limbs, so that unsigned-code x signed-byte dot products --

@@ -1,0 +1,336 @@
+// The per-token kernels around a block's code kernels (kernels_cpu.h): the
+// expander entries (their differences x - min, the entry scores, the entry
+// sums) and the value weights. Compiled once per SIMD target like
+// kernels_cpu.cpp, dispatched with HWY_DYNAMIC_DISPATCH.
+//
+// They run over the runs of quantized tokens between a block's kept tokens,
+// whose lengths are arbitrary: with two heavy hitters in a block of 96, a
+// run averages about 30 tokens, and as many tokens went through scalar tails
+// as through vectors. Here a run's last vector ends at the run's end and
+// overlaps the one before; only runs shorter than a vector are scalar.
+// (Masked stores and zero-padded copies of the last tokens were 7-11%
+// slower in HEX decode on a Zen 5 host than scalar tails: the loads that
+// follow them wait for the stores to retire.)
+#ifndef HWY_WANT_AVX3_DL
+#define HWY_WANT_AVX3_DL 1
+#endif
+#include <algorithm>
+#include <cmath>
+#include <type_traits>
+
+#include "runtime/hex/entries_cpu.h"
+
+#undef HWY_TARGET_INCLUDE
+#define HWY_TARGET_INCLUDE "runtime/hex/entries_cpu.cpp"
+#include <hwy/foreach_target.h>  // IWYU pragma: keep
+#include <hwy/highway.h>
+
+HWY_BEFORE_NAMESPACE();
+namespace kvcal::runtime::detail {
+namespace HWY_NAMESPACE {
+namespace hn = hwy::HWY_NAMESPACE;
+
+#if HWY_TARGET != HWY_SCALAR
+using DF = hn::ScalableTag<float>;
+
+// As in kernels_cpu.cpp: binary16 converted in hardware on AVX2 and up and
+// on Arm; the older x86 targets and the emulation use the scalar routine.
+#if (HWY_ARCH_X86 && HWY_TARGET > HWY_AVX2) || HWY_TARGET == HWY_EMU128
+constexpr bool kHardwareHalf = false;
+#else
+constexpr bool kHardwareHalf = true;
+#endif
+
+// The most lanes of a float vector on this target: the staging arrays hold
+// four of them (up to four entries per token).
+constexpr std::size_t kMaxLanes = hn::MaxLanes(DF());
+
+// b[idx] for the lanes of idx (0 <= idx < the table's length).
+struct Gather {
+  const float* b;
+  template <class D>
+  HWY_INLINE hn::Vec<D> operator()(D d, hn::Vec<hn::RebindToSigned<D>> idx) const {
+    return hn::GatherIndex(d, b, idx);
+  }
+};
+#if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3
+#define KVCAL_TABLE128 1
+// The same for tables of up to 128 floats, held in eight AVX-512 registers:
+// VPERMT2PS looks up an index's low five bits in a pair of them, bits 5 and
+// 6 pick the pair (nine vector operations for sixteen lanes, against the
+// gather's sixteen loads). Narrower vectors (short runs) gather.
+struct Table128 {
+  const float* b;
+  __m512 t[8];
+  Table128(const float* table, std::int64_t n) : b(table) {
+    for (std::int64_t k = 0; k < 8; ++k) {
+      const std::int64_t left = std::clamp<std::int64_t>(n - 16 * k, 0, 16);
+      t[k] = left > 0 ? _mm512_maskz_loadu_ps(static_cast<__mmask16>((1u << left) - 1u), table + 16 * k)
+                      : _mm512_setzero_ps();
+    }
+  }
+  template <class D>
+  HWY_INLINE hn::Vec<D> operator()(D d, hn::Vec<hn::RebindToSigned<D>> idx) const {
+    if constexpr (std::is_same_v<D, DF>) {
+      const __m512i i = idx.raw;
+      const __m512 lo0 = _mm512_permutex2var_ps(t[0], i, t[1]);
+      const __m512 lo1 = _mm512_permutex2var_ps(t[2], i, t[3]);
+      const __m512 hi0 = _mm512_permutex2var_ps(t[4], i, t[5]);
+      const __m512 hi1 = _mm512_permutex2var_ps(t[6], i, t[7]);
+      const __mmask16 bit5 = _mm512_test_epi32_mask(i, _mm512_set1_epi32(32));
+      const __mmask16 bit6 = _mm512_test_epi32_mask(i, _mm512_set1_epi32(64));
+      return hn::Vec<DF>{
+          _mm512_mask_blend_ps(bit6, _mm512_mask_blend_ps(bit5, lo0, lo1), _mm512_mask_blend_ps(bit5, hi0, hi1))};
+    } else {
+      return hn::GatherIndex(d, b, idx);
+    }
+  }
+};
+#else
+#define KVCAL_TABLE128 0
+#endif
+
+// f(v0, .., v{kG-1}): lane i of v_e is p[i * kG + e].
+template <int kG, class D, class F>
+HWY_INLINE void Deinterleaved(D d, const hn::TFromD<D>* HWY_RESTRICT p, F f) {
+  if constexpr (kG == 1) {
+    f(hn::LoadU(d, p));
+  } else if constexpr (kG == 2) {
+    hn::Vec<D> v0, v1;
+    hn::LoadInterleaved2(d, p, v0, v1);
+    f(v0, v1);
+  } else if constexpr (kG == 3) {
+    hn::Vec<D> v0, v1, v2;
+    hn::LoadInterleaved3(d, p, v0, v1, v2);
+    f(v0, v1, v2);
+  } else {
+    static_assert(kG == 4, "one to four entries per token");
+    hn::Vec<D> v0, v1, v2, v3;
+    hn::LoadInterleaved4(d, p, v0, v1, v2, v3);
+    f(v0, v1, v2, v3);
+  }
+}
+
+// f(integral_constant<kG>) for g in 1 .. 4; nothing for other g (the
+// callers' scalar loops then take every token).
+template <class F>
+HWY_INLINE void WithEntries(std::int64_t g, F f) {
+  switch (g) {
+    case 1:
+      return f(std::integral_constant<int, 1>());
+    case 2:
+      return f(std::integral_constant<int, 2>());
+    case 3:
+      return f(std::integral_constant<int, 3>());
+    case 4:
+      return f(std::integral_constant<int, 4>());
+    default:
+      return;
+  }
+}
+
+// The kG entries of Lanes(d) tokens as floats into out (token-major).
+template <int kG, class D>
+HWY_INLINE void EntriesToFloats(D d, const half_bits* HWY_RESTRICT x, float* HWY_RESTRICT out) {
+  const auto N = static_cast<std::int64_t>(hn::Lanes(d));
+  if constexpr (kHardwareHalf) {
+    const hn::Rebind<hwy::float16_t, D> dh;
+    for (int k = 0; k < kG; ++k)
+      hn::Store(hn::PromoteTo(d, hn::LoadU(dh, reinterpret_cast<const hwy::float16_t*>(x + k * N))), d, out + k * N);
+  } else {
+    for (std::int64_t i = 0; i < kG * N; ++i) out[i] = half_to_float(x[i]);
+  }
+}
+
+// Tokens [0, n) in vectors: f(d, i, fresh) for the Lanes(d) tokens from i,
+// d the widest float vector (whole, half or quarter on 512-bit targets)
+// that n fills; the last vector ends at n and overlaps the one before
+// where n is not a multiple of its lanes (its first Lanes - fresh lanes
+// done already). Returns the tokens done: n, or 0 where n is shorter than
+// the narrowest (the caller's scalar loop).
+template <class F>
+HWY_INLINE std::int64_t Vectors(std::int64_t n, F f) {
+  const auto go = [&](auto d) {
+    const auto N = static_cast<std::int64_t>(hn::Lanes(d));
+    std::int64_t i = 0;
+    for (; i + N <= n; i += N) f(d, i, N);
+    if (i < n) f(d, n - N, n - i);
+    return n;
+  };
+  const DF df;
+  if (n >= static_cast<std::int64_t>(hn::Lanes(df))) return go(df);
+  if constexpr (hn::MaxLanes(df) > 8) {
+    if (n >= 8) return go(hn::CappedTag<float, 8>());
+  }
+  if constexpr (hn::MaxLanes(df) > 4) {
+    if (n >= 4) return go(hn::CappedTag<float, 4>());
+  }
+  return 0;
+}
+#endif  // HWY_TARGET != HWY_SCALAR
+
+// out[e * os + i] = x[i * g + e] - b[idx[i * g + e]] for i < n, e < g
+// (x as halves).
+HWY_FLATTEN void KeyEntryDiffs(const float* HWY_RESTRICT b, std::int64_t b_size, const std::int32_t* HWY_RESTRICT idx,
+                               const half_bits* HWY_RESTRICT x, std::int64_t n, std::int64_t g, float* HWY_RESTRICT out,
+                               std::int64_t os) {
+  std::int64_t done = 0;
+#if HWY_TARGET != HWY_SCALAR
+  const auto diffs = [&](auto kg, const auto& lookup) {
+    constexpr int kG = decltype(kg)::value;
+    // Each output depends on its own token only: an overlapping last vector
+    // writes its repeated lanes again with the same values.
+    done = Vectors(n, [&](auto d, std::int64_t i, std::int64_t) {
+      const hn::RebindToSigned<decltype(d)> di;
+      HWY_ALIGN float xf[4 * kMaxLanes];
+      EntriesToFloats<kG>(d, x + i * kG, xf);
+      Deinterleaved<kG>(d, xf, [&](auto... xv) {
+        Deinterleaved<kG>(di, idx + i * kG, [&](auto... iv) {
+          std::int64_t e = 0;
+          (hn::StoreU(hn::Sub(xv, lookup(d, iv)), d, out + (e++) * os + i), ...);
+        });
+      });
+    });
+  };
+  WithEntries(g, [&](auto kg) {
+#if KVCAL_TABLE128
+    if (b_size <= 128) return diffs(kg, Table128(b, b_size));
+#endif
+    diffs(kg, Gather{b});
+  });
+#endif
+  (void)b_size;
+  for (std::int64_t i = done; i < n; ++i)
+    for (std::int64_t e = 0; e < g; ++e) out[e * os + i] = half_to_float(x[i * g + e]) - b[idx[i * g + e]];
+}
+
+// out[e * os + i] = x[i * g + e] - params[2 i + 1] for i < n, e < g (x as
+// halves).
+HWY_FLATTEN void ValueEntryDiffs(const float* HWY_RESTRICT params, const half_bits* HWY_RESTRICT x, std::int64_t n,
+                                 std::int64_t g, float* HWY_RESTRICT out, std::int64_t os) {
+  std::int64_t done = 0;
+#if HWY_TARGET != HWY_SCALAR
+  WithEntries(g, [&](auto kg) {
+    constexpr int kG = decltype(kg)::value;
+    done = Vectors(n, [&](auto d, std::int64_t i, std::int64_t) {
+      HWY_ALIGN float xf[4 * kMaxLanes];
+      EntriesToFloats<kG>(d, x + i * kG, xf);
+      hn::Vec<decltype(d)> delta, mn;
+      hn::LoadInterleaved2(d, params + 2 * i, delta, mn);
+      (void)delta;
+      Deinterleaved<kG>(d, xf, [&](auto... xv) {
+        std::int64_t e = 0;
+        (hn::StoreU(hn::Sub(xv, mn), d, out + (e++) * os + i), ...);
+      });
+    });
+  });
+#endif
+  for (std::int64_t i = done; i < n; ++i)
+    for (std::int64_t e = 0; e < g; ++e) out[e * os + i] = half_to_float(x[i * g + e]) - params[2 * i + 1];
+}
+
+// out[i] += sum_{e < g} a[e * as + i] * x[e * xs + i], each product added
+// to the running sum in entry order.
+void EntryScores(const float* HWY_RESTRICT a, std::int64_t as, const float* HWY_RESTRICT x, std::int64_t xs,
+                 std::int64_t n, std::int64_t g, float* HWY_RESTRICT out) {
+  std::int64_t i = 0;
+#if HWY_TARGET != HWY_SCALAR
+  const DF df;
+  const auto N = static_cast<std::int64_t>(hn::Lanes(df));
+  for (; i + N <= n; i += N) {
+    auto s = hn::LoadU(df, out + i);
+    for (std::int64_t e = 0; e < g; ++e)
+      s = hn::MulAdd(hn::LoadU(df, a + e * as + i), hn::LoadU(df, x + e * xs + i), s);
+    hn::StoreU(s, df, out + i);
+  }
+#endif
+  for (; i < n; ++i) {
+    float t = out[i];
+    for (std::int64_t e = 0; e < g; ++e) t = std::fma(a[e * as + i], x[e * xs + i], t);
+    out[i] = t;
+  }
+}
+
+// y[e * ys + i] += p[i] * x[e * xs + i] for i < n, e < g.
+void GroupAxpy(const float* HWY_RESTRICT p, std::int64_t n, std::int64_t g, const float* HWY_RESTRICT x,
+               std::int64_t xs, float* HWY_RESTRICT y, std::int64_t ys) {
+  std::int64_t i = 0;
+#if HWY_TARGET != HWY_SCALAR
+  const DF df;
+  const auto N = static_cast<std::int64_t>(hn::Lanes(df));
+  for (; i + N <= n; i += N) {
+    const auto w = hn::LoadU(df, p + i);
+    for (std::int64_t e = 0; e < g; ++e)
+      hn::StoreU(hn::MulAdd(w, hn::LoadU(df, x + e * xs + i), hn::LoadU(df, y + e * ys + i)), df, y + e * ys + i);
+  }
+#endif
+  for (; i < n; ++i)
+    for (std::int64_t e = 0; e < g; ++e) y[e * ys + i] += p[i] * x[e * xs + i];
+}
+
+// a[i] = p[i] * params[2i]; returns sum_i p[i] * params[2i + 1]. The last
+// vector overlaps the one before: its repeated lanes' products are written
+// again alike and left out of the sum.
+HWY_FLATTEN float ValueWeights(const float* HWY_RESTRICT params, const float* HWY_RESTRICT p, std::int64_t n,
+                               float* HWY_RESTRICT a) {
+  std::int64_t done = 0;
+  float s = 0;
+#if HWY_TARGET != HWY_SCALAR
+  const DF df;
+  auto sv = hn::Zero(df);
+  done = Vectors(n, [&](auto d, std::int64_t i, std::int64_t fresh) {
+    const auto N = static_cast<std::int64_t>(hn::Lanes(d));
+    auto pv = hn::LoadU(d, p + i);
+    hn::Vec<decltype(d)> dl, mn;
+    hn::LoadInterleaved2(d, params + 2 * i, dl, mn);
+    hn::StoreU(hn::Mul(pv, dl), d, a + i);
+    if (fresh < N) pv = hn::IfThenZeroElse(hn::FirstN(d, static_cast<std::size_t>(N - fresh)), pv);
+    if constexpr (std::is_same_v<decltype(d), DF>)
+      sv = hn::MulAdd(pv, mn, sv);
+    else
+      s += hn::GetLane(hn::SumOfLanes(d, hn::Mul(pv, mn)));
+  });
+  s += hn::GetLane(hn::SumOfLanes(df, sv));
+#endif
+  for (std::int64_t i = done; i < n; ++i) {
+    a[i] = p[i] * params[2 * i];
+    s += p[i] * params[2 * i + 1];
+  }
+  return s;
+}
+
+}  // namespace HWY_NAMESPACE
+}  // namespace kvcal::runtime::detail
+HWY_AFTER_NAMESPACE();
+
+#if HWY_ONCE
+namespace kvcal::runtime::detail {
+
+HWY_EXPORT(KeyEntryDiffs);
+HWY_EXPORT(ValueEntryDiffs);
+HWY_EXPORT(EntryScores);
+HWY_EXPORT(GroupAxpy);
+HWY_EXPORT(ValueWeights);
+
+void key_entry_diffs(const float* b, std::int64_t b_size, const std::int32_t* idx, const half_bits* x, std::int64_t n,
+                     std::int64_t g, float* out, std::int64_t out_stride) {
+  HWY_DYNAMIC_DISPATCH(KeyEntryDiffs)(b, b_size, idx, x, n, g, out, out_stride);
+}
+void value_entry_diffs(const float* params, const half_bits* x, std::int64_t n, std::int64_t g, float* out,
+                       std::int64_t out_stride) {
+  HWY_DYNAMIC_DISPATCH(ValueEntryDiffs)(params, x, n, g, out, out_stride);
+}
+void entry_scores(const float* a, std::int64_t a_stride, const float* x, std::int64_t x_stride, std::int64_t n,
+                  std::int64_t g, float* out) {
+  HWY_DYNAMIC_DISPATCH(EntryScores)(a, a_stride, x, x_stride, n, g, out);
+}
+void group_axpy(const float* p, std::int64_t n, std::int64_t g, const float* x, std::int64_t x_stride, float* y,
+                std::int64_t y_stride) {
+  HWY_DYNAMIC_DISPATCH(GroupAxpy)(p, n, g, x, x_stride, y, y_stride);
+}
+float value_weights(const float* params, const float* p, std::int64_t n, float* a) {
+  return HWY_DYNAMIC_DISPATCH(ValueWeights)(params, p, n, a);
+}
+
+}  // namespace kvcal::runtime::detail
+#endif  // HWY_ONCE

@@ -1,0 +1,39 @@
+// The per-token kernels around a block's code kernels (entries_cpu.cpp):
+// the expander entries and the value weights, dispatched at run time to the
+// host's best SIMD target like the code kernels (kernels_cpu.h). They take
+// runs of any length (the quantized tokens between a block's kept tokens).
+// Raw pointers and sizes only; nothing allocates, nothing throws.
+#pragma once
+
+#include <cstdint>
+
+#include "kvcal/runtime/common.h"
+
+namespace kvcal::runtime::detail {
+
+// The expander entries of n tokens, g per token: the kernels below take
+// them token-major from a block (entry e of token i at x[i * g + e], the
+// block's stored halves) and keep them entry-major (at out[e * out_stride +
+// i]), so that the per-query kernels read whole vectors of tokens.
+// Key side: out[e * out_stride + i] = x[i * g + e] - b[idx[i * g + e]], b a
+// table of b_size floats (the key channels' mins; 0 <= idx < b_size).
+void key_entry_diffs(const float* b, std::int64_t b_size, const std::int32_t* idx, const half_bits* x, std::int64_t n,
+                     std::int64_t g, float* out, std::int64_t out_stride);
+// Value side: out[e * out_stride + i] = x[i * g + e] - params[2 i + 1] (the
+// token's min in its (delta, min) pair).
+void value_entry_diffs(const float* params, const half_bits* x, std::int64_t n, std::int64_t g, float* out,
+                       std::int64_t out_stride);
+// The entries' part of n tokens' scores, entry-major inputs, added to them:
+//   out[i] += sum_{e < g} a[e * a_stride + i] * x[e * x_stride + i]
+// (out apart from the inputs; the products added to out[i] in entry order).
+void entry_scores(const float* a, std::int64_t a_stride, const float* x, std::int64_t x_stride, std::int64_t n,
+                  std::int64_t g, float* out);
+// y[e * y_stride + i] += p[i] * x[e * x_stride + i] for i < n and e < g.
+void group_axpy(const float* p, std::int64_t n, std::int64_t g, const float* x, std::int64_t x_stride, float* y,
+                std::int64_t y_stride);
+
+// The value side of n quantized rows, params[2i] = delta_i and params[2i + 1]
+// = min_i: a[i] = p[i] * delta_i; returns sum_i p[i] * min_i.
+float value_weights(const float* params, const float* p, std::int64_t n, float* a);
+
+}  // namespace kvcal::runtime::detail
