@@ -7,10 +7,11 @@
 // whose lengths are arbitrary: with two heavy hitters in a block of 96, a
 // run averages about 30 tokens, and as many tokens went through scalar tails
 // as through vectors. Here a run's last vector ends at the run's end and
-// overlaps the one before; only runs shorter than a vector are scalar.
-// (Masked stores and zero-padded copies of the last tokens were 7-11%
-// slower in HEX decode on a Zen 5 host than scalar tails: the loads that
-// follow them wait for the stores to retire.)
+// overlaps the one before, runs shorter than a vector take a half or a
+// quarter vector, and only runs of fewer than four tokens are scalar. (A
+// version that staged each run's partial last vector through zero-padded
+// copies and stored it under a mask was 10% slower in float HEX decode on a
+// Zen 5 host than the scalar tails.)
 #ifndef HWY_WANT_AVX3_DL
 #define HWY_WANT_AVX3_DL 1
 #endif
