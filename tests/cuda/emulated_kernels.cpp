@@ -186,6 +186,8 @@ TEST(HexCudaEmulated, FlowMatchesTheHostExecutor) {
   run_flow({"hex4", 1, 3, 45, 8, {21}, 3, 0}, emu);
   run_flow({"hex3", 2, 2, 33, 8, {9, 20}, 3, 0}, emu);
   run_flow({"fp16", 1, 2, 17, 8, {12}, 2, 0}, emu);
+  // A group above 4 with an odd head dim.
+  run_flow({"hex3", 1, 5, 33, 8, {9, 20}, 3, 0}, emu);
 }
 
 // The shapes ThreadSanitizer runs (scripts/test.sh): each kernel path once

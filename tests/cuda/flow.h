@@ -16,6 +16,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
 #include <cstring>
 #include <random>
 #include <string>
@@ -97,6 +98,7 @@ void run_flow(const Shape& s, Backend& be) {
   HexPagedCache cache(H, d, o, mask, pages, R);
   HexPagedHost host(cache);
   const HexPageGeometry& g = cache.geometry();
+  double worst = 0;  // the largest output error seen, relative as the tolerance is
 
   BackendLayer<Backend> layer(be, cache);
   const kc::HexDeviceLayer& L = layer.L;
@@ -144,6 +146,7 @@ void run_flow(const Shape& s, Backend& be) {
         norm = std::max(norm, std::abs(double(want[j * d + c])));
       }
       ASSERT_LE(err_max, kOutTol * std::max(norm, 1e-3)) << "step " << step << " query head " << j;
+      worst = std::max(worst, err_max / std::max(norm, 1e-3));
     }
     // Residual pages: rows identical, scores within tolerance.
     const i64 rows_bytes = g.residual_rows_bytes(H);
@@ -174,6 +177,8 @@ void run_flow(const Shape& s, Backend& be) {
   int flag = 0;
   be.get(&flag, err.p, 4);
   EXPECT_EQ(flag, 0);
+  std::printf("[ flow     ] %s G %d d %d: largest output error %.2e of the head's largest output (tolerance %.0e)\n",
+              s.method.c_str(), static_cast<int>(s.group), static_cast<int>(d), worst, kOutTol);
 }
 
 // CHESS over a HEX cache, end to end on the backend: HEX pages and CHESS
