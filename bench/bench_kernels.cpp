@@ -8,7 +8,9 @@
 //  kernel/quantize/<dot>: the fixed-point weights of one query's 128 weights.
 //  kernel/widen3: a block's 3-bit rows widened to 4 bits, as the integer
 //    kernels read them where they do not widen them in registers (the
-//    int14 path, and targets without the unrolled kernels).
+//    int14 path, GQA groups above 1, and targets without the unrolled
+//    kernels); kernel/widen3/memory/<ahead> the same from memory, and
+//    kernel/copy3/memory a copy of those bytes.
 //  kernel/softmax: softmax_row over one query's 32K scores (the decode
 //    benchmark's context; 128 KB, in the L2 cache), items = weights.
 // items_per_second counts codes times queries (multiply-adds).
@@ -17,6 +19,7 @@
 #include <benchmark/benchmark.h>
 
 #include <cstdint>
+#include <cstring>
 #include <random>
 #include <string>
 #include <vector>
@@ -98,6 +101,50 @@ void widen3(benchmark::State& state) {
     benchmark::DoNotOptimize(wide.data());
   }
   state.SetItemsProcessed(state.iterations() * kRows * kDim);
+}
+
+// The same widening with the rows coming from memory: blocks 8 KiB apart
+// (a block's codes among its other arrays, as in the decode's key stream)
+// through 256 MiB, one block an iteration; range(0) = blocks ahead whose rows
+// are requested before each (0: none). kernel/copy3/memory: a memcpy of the
+// same bytes, the memory's own pace for such blocks.
+struct ColdBlocks {
+  static constexpr std::int64_t kStride = 8192, kBytes = std::int64_t{256} << 20;
+  std::vector<std::uint8_t> buf = std::vector<std::uint8_t>(static_cast<std::size_t>(kBytes));
+  std::int64_t blocks = kBytes / kStride, at = 0;
+  ColdBlocks() {
+    for (std::size_t i = 0; i < buf.size(); ++i) buf[i] = static_cast<std::uint8_t>((i * 2654435761u) >> 13);
+  }
+  const std::uint8_t* next() {
+    const std::uint8_t* p = buf.data() + at * kStride;
+    at = at + 1 == blocks ? 0 : at + 1;
+    return p;
+  }
+  void request(std::int64_t ahead, std::int64_t bytes) const {
+    const std::uint8_t* p = buf.data() + ((at + ahead) % blocks) * kStride;
+    for (std::int64_t x = 0; x < bytes; x += 64) __builtin_prefetch(p + x, 0, 3);
+  }
+};
+void widen3_memory(benchmark::State& state) {
+  const std::int64_t ahead = state.range(0), bytes = kRows * kDim * 3 / 8;
+  ColdBlocks cold;
+  std::vector<std::uint8_t> wide(static_cast<std::size_t>(kRows * kDim / 2));
+  for (auto _ : state) {
+    if (ahead > 0) cold.request(ahead, bytes);
+    d::widen_codes3(cold.next(), kRows, kDim, wide.data());
+    benchmark::DoNotOptimize(wide.data());
+  }
+  state.SetBytesProcessed(state.iterations() * bytes);
+}
+void copy3_memory(benchmark::State& state) {
+  const std::int64_t bytes = kRows * kDim * 3 / 8;
+  ColdBlocks cold;
+  std::vector<std::uint8_t> out(static_cast<std::size_t>(bytes));
+  for (auto _ : state) {
+    std::memcpy(out.data(), cold.next(), static_cast<std::size_t>(bytes));
+    benchmark::DoNotOptimize(out.data());
+  }
+  state.SetBytesProcessed(state.iterations() * bytes);
 }
 
 // In place, round after round: the cost does not depend on the values.
@@ -187,6 +234,8 @@ int register_all() {
   benchmark::RegisterBenchmark("kernel/scores_rows/int8", scores_rows)->Arg(94)->Arg(96);
   benchmark::RegisterBenchmark("kernel/entry_diffs", entry_diffs)->Arg(128)->Arg(129);
   benchmark::RegisterBenchmark("kernel/widen3", widen3);
+  benchmark::RegisterBenchmark("kernel/widen3/memory", widen3_memory)->Arg(0)->Arg(2);
+  benchmark::RegisterBenchmark("kernel/copy3/memory", copy3_memory);
   benchmark::RegisterBenchmark("kernel/softmax", softmax);
   return 0;
 }
