@@ -1065,16 +1065,21 @@ TEST(RuntimeHex, BlockStreamsGrowInPlace) {
                           static_cast<const void*>(b.k_sparse), static_cast<const void*>(b.v_params),
                           static_cast<const void*>(b.v_codes), static_cast<const void*>(b.v_sparse)})
       EXPECT_TRUE(aligned(p)) << "block " << i;
-    // Key side in the order the score pass reads it (parameters, entries,
-    // kept indices, codes, kept rows), then the value side.
-    EXPECT_EQ(static_cast<const void*>(b.k_sparse), end_of(b.k_params, D * 4));
+    // Key side in the order the score pass reads it (parameters, kept
+    // indices, codes, entries, kept rows), then the value side.
+    const char* params_end = end_of(b.k_params, D * 4);
+    if (kept > 0) {
+      EXPECT_EQ(static_cast<const void*>(b.kept_index), params_end) << "block " << i;
+    }
+    EXPECT_EQ(static_cast<const void*>(b.k_codes), kept > 0 ? end_of(b.kept_index, kept * 2) : params_end);
+    EXPECT_EQ(static_cast<const void*>(b.k_sparse), end_of(b.k_codes, nq * b.row_bytes)) << "block " << i;
     const char* entries_end = end_of(b.k_sparse, nq * d1 * 2);
-    if (kept > 0) EXPECT_EQ(static_cast<const void*>(b.kept_index), entries_end) << "block " << i;
-    EXPECT_EQ(static_cast<const void*>(b.k_codes), kept > 0 ? end_of(b.kept_index, kept * 2) : entries_end);
-    if (kept > 0) EXPECT_EQ(static_cast<const void*>(b.k_kept), end_of(b.k_codes, nq * b.row_bytes));
+    if (kept > 0) {
+      EXPECT_EQ(static_cast<const void*>(b.k_kept), entries_end) << "block " << i;
+    }
     EXPECT_EQ(static_cast<const void*>(b.v_sparse), end_of(b.v_params, nq * 4));
     if (i + 1 < all.size()) {
-      const char* key_end = kept > 0 ? end_of(b.k_kept, kept * D * 2) : end_of(b.k_codes, nq * b.row_bytes);
+      const char* key_end = kept > 0 ? end_of(b.k_kept, kept * D * 2) : entries_end;
       const char* value_end = end_of(b.v_codes, nq * b.row_bytes);
       followed_keys += static_cast<const void*>(all[i + 1].k_params) == key_end ? 1 : 0;
       followed_values += static_cast<const void*>(all[i + 1].v_params) == value_end ? 1 : 0;

@@ -300,6 +300,102 @@ TEST(HexKernels, EntryKernelsMatchReference) {
 
 // The per-block weights of the key and value sides against double sums and
 // the slot order written out by hand.
+// The fused run kernels against double sums of their definitions, on every
+// target: query counts that fill and pass the vector path's table of sums,
+// runs that overlap their last vector, integer and float code parts,
+// entries per token inside and past the vectorised range, strides with
+// gaps that stay untouched.
+TEST(HexKernels, FusedRunKernelsMatchReference) {
+  on_every_target([] {
+    std::mt19937_64 rng(0x72756e73);
+    std::normal_distribution<float> g(0.0f, 1.0f);
+    const auto n_ = [](i64 k) { return static_cast<std::size_t>(k); };
+    for (const i64 n : {0, 1, 3, 4, 7, 8, 16, 17, 31, 33, 94})
+      for (const i64 grp : {1, 2, 3, 4, 5})
+        for (const i64 nq : {i64{1}, i64{3}, i64{4}, kRunQueries, kRunQueries + 1}) {
+          const i64 tab = n % 2 == 0 ? 128 : 200;
+          const bool integer = (n + nq) % 2 == 0;
+          SCOPED_TRACE("n " + std::to_string(n) + " entries " + std::to_string(grp) + " queries " + std::to_string(nq) +
+                       (integer ? " integer" : " float"));
+          std::vector<float> b(n_(tab)), params(n_(2 * n)), bias(n_(nq)), w(n_(nq));
+          std::vector<half_bits> x(n_(n * grp));
+          std::vector<std::int32_t> idx(n_(n * grp));
+          for (auto& v : b) v = g(rng);
+          for (auto& v : x) v = float_to_half(g(rng));
+          for (auto& v : params) v = g(rng);
+          for (auto& v : idx) v = static_cast<std::int32_t>(rng() % n_(tab));
+          for (auto& v : bias) v = g(rng);
+          for (auto& v : w) v = 1e-3f * g(rng);
+          // Key side.
+          const i64 cs = n + 2, as = n + 1, os = n + 3;
+          std::vector<std::int32_t> qi(n_(nq * cs));
+          std::vector<float> qf(n_(nq * cs)), a(n_(nq * grp * as)), out(n_(nq * os), -7.0f);
+          for (auto& v : qi) v = static_cast<std::int32_t>(rng() % 20001) - 10000;
+          for (auto& v : qf) v = g(rng);
+          for (auto& v : a) v = g(rng);
+          key_run_scores(b.data(), tab, idx.data(), x.data(), n, grp, nq, bias.data(), w.data(),
+                         integer ? qi.data() : nullptr, integer ? nullptr : qf.data(), cs, a.data(), as, out.data(),
+                         os);
+          for (i64 j = 0; j < nq; ++j)
+            for (i64 i = 0; i < os; ++i) {
+              const float got = out[n_(j * os + i)];
+              if (i >= n) {
+                ASSERT_EQ(got, -7.0f) << "query " << j << " past the run at " << i;
+                continue;
+              }
+              const double code = integer ? static_cast<double>(w[n_(j)]) * qi[n_(j * cs + i)] : qf[n_(j * cs + i)];
+              double want = bias[n_(j)] + code, mag = std::fabs(bias[n_(j)]) + std::fabs(code);
+              for (i64 e = 0; e < grp; ++e) {
+                const auto src = n_(i * grp + e);
+                const double t = static_cast<double>(a[n_((j * grp + e) * as + i)]) *
+                                 (static_cast<double>(half_to_float(x[src])) - b[n_(idx[src])]);
+                want += t;
+                mag += 2 * std::fabs(t);
+              }
+              ASSERT_NEAR(got, want, 1.2e-7 * static_cast<double>(2 * grp + 4) * mag)
+                  << "query " << j << " token " << i;
+            }
+          // Value side.
+          const i64 ps = n + 1, pa = n + 2, ys = n + 4;
+          std::vector<float> p(n_(nq * ps)), av(n_(nq * pa), -7.0f), y(n_(nq * grp * ys)), base(n_(nq));
+          for (auto& v : p) v = std::fabs(g(rng));
+          for (auto& v : y) v = g(rng);
+          for (auto& v : base) v = g(rng);
+          const auto y0 = y;
+          const auto base0 = base;
+          value_run_weights(params.data(), x.data(), n, grp, nq, p.data(), ps, av.data(), pa, y.data(), ys,
+                            base.data());
+          for (i64 j = 0; j < nq; ++j) {
+            double want = base0[n_(j)], mag = std::fabs(base0[n_(j)]);
+            for (i64 i = 0; i < pa; ++i) {
+              if (i >= n) {
+                ASSERT_EQ(av[n_(j * pa + i)], -7.0f) << "query " << j << " past the run at " << i;
+                continue;
+              }
+              const float pv = p[n_(j * ps + i)];
+              ASSERT_EQ(av[n_(j * pa + i)], pv * params[n_(2 * i)]) << "query " << j << " token " << i;
+              want += static_cast<double>(pv) * params[n_(2 * i + 1)];
+              mag += std::fabs(static_cast<double>(pv) * params[n_(2 * i + 1)]);
+            }
+            ASSERT_NEAR(base[n_(j)], want, 1e-6 * mag + 1e-7) << "query " << j;
+            for (i64 e = 0; e < grp; ++e)
+              for (i64 i = 0; i < ys; ++i) {
+                const auto k = n_((j * grp + e) * ys + i);
+                if (i >= n) {
+                  ASSERT_EQ(y[k], y0[k]) << "query " << j << " entry " << e << " past the run at " << i;
+                  continue;
+                }
+                // The difference rounded once, then a fused or a plain product and sum.
+                const float diff = half_to_float(x[n_(i * grp + e)]) - params[n_(2 * i + 1)];
+                const double t = static_cast<double>(p[n_(j * ps + i)]) * diff;
+                ASSERT_NEAR(y[k], t + y0[k], 2.5e-7 * (std::fabs(t) + std::fabs(y0[k])))
+                    << "query " << j << " entry " << e << " token " << i;
+              }
+          }
+        }
+  });
+}
+
 TEST(HexKernels, BlockWeightsMatchReference) {
   on_every_target([] {
     std::mt19937_64 rng(0x77656967);

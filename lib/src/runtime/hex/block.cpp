@@ -351,21 +351,6 @@ void detail::block_scores(const HexBlockView& b, const float* q, std::int64_t nq
     static_assert(sizeof(QuantParams) == 2 * sizeof(half_bits), "QuantParams is two packed halves");
     halves_to_floats(reinterpret_cast<const half_bits*>(b.k_params), 2 * d, params);
     key_weights(params, q, nq, q_stride, scale, sl, qd, kmin, bias, Scratch::get(sc.tmp, 2 * d));
-    // The expander's entries (code 0): the stored value x replaces min_c, so
-    // a token's score gains sum_e scale q[c_e] (x_e - min[c_e]); the
-    // differences once per block, for every query, entry-major at their
-    // tokens' places (0 at kept tokens), so that the queries' passes cover
-    // the whole block at once instead of the runs between kept tokens.
-    if (d1 > 0) {
-      walk_tokens(
-          b,
-          [&](std::int64_t t0, std::int64_t n, std::int64_t qr0) {
-            key_entry_diffs(kmin, d, b.mask_indices + t0 * d1, b.k_sparse + qr0 * d1, n, d1, sparse + t0, T);
-          },
-          [&](std::int64_t t, std::int64_t) {
-            for (std::int64_t e = 0; e < d1; ++e) sparse[e * T + t] = 0.0f;
-          });
-    }
     if (cr.int_dot) {
       // Fixed-point weights per query, integer dot products, one scaling.
       const int limbs = dot_limbs(dot);
@@ -379,27 +364,58 @@ void detail::block_scores(const HexBlockView& b, const float* q, std::int64_t nq
     } else {
       code_scores(b.k_codes, nqr, b.row_bytes, b.bits, d, qd, nq, d, qs, nqr);
     }
+    // The expander's entries (code 0): the stored value x replaces min_c, so
+    // a token's score gains sum_e scale q[c_e] (x_e - min[c_e]). Up to
+    // kFusedEntries per token, key_run_scores below makes the differences
+    // on its way; more, they are made here once per block, for every
+    // query, entry-major at their tokens' places (0 at kept tokens), so
+    // that the queries' passes cover the whole block at once. Either way
+    // after the codes, which the block stores before its entries: the
+    // block's key side is read in one sequential stream (see BlockStore).
+    if (d1 > kFusedEntries) {
+      walk_tokens(
+          b,
+          [&](std::int64_t t0, std::int64_t n, std::int64_t qr0) {
+            key_entry_diffs(kmin, d, b.mask_indices + t0 * d1, b.k_sparse + qr0 * d1, n, d1, sparse + t0, T);
+          },
+          [&](std::int64_t t, std::int64_t) {
+            for (std::int64_t e = 0; e < d1; ++e) sparse[e * T + t] = 0.0f;
+          });
+    }
   }
   const float* qk = d1 > 0 && nqr > 0 ? ke.prepare(b.mask_indices, d1, b.tokens, q, nq, q_stride, scale) : nullptr;
-  for (std::int64_t j = 0; j < nq; ++j) {
-    float* sj = scores + j * s_stride;
-    // bias + code part, then the entries' products in entry order (kept
-    // tokens: 0 here, their own scores below).
+  if (qk && d1 <= kFusedEntries) {
+    // The runs of quantized tokens in one fused pass each (bias, code part,
+    // entries); the kept tokens' scores are written below.
     walk_tokens(
         b,
         [&](std::int64_t t0, std::int64_t n, std::int64_t qr0) {
-          const float bj = bias[j];
-          if (qi) {
-            const float wj = ws[j];
-            const std::int32_t* qij = qi + j * nqr + qr0;
-            for (std::int64_t i = 0; i < n; ++i) sj[t0 + i] = bj + wj * static_cast<float>(qij[i]);
-          } else {
-            const float* qsj = qs + j * nqr + qr0;
-            for (std::int64_t i = 0; i < n; ++i) sj[t0 + i] = bj + qsj[i];
-          }
+          key_run_scores(kmin, d, b.mask_indices + t0 * d1, b.k_sparse + qr0 * d1, n, d1, nq, bias, ws,
+                         qi ? qi + qr0 : nullptr, qi ? nullptr : qs + qr0, nqr, qk + t0, ke.rows, scores + t0,
+                         s_stride);
         },
-        [&](std::int64_t t, std::int64_t) { sj[t] = 0.0f; });
-    if (qk) entry_scores(qk + j * ke.rows * d1, ke.rows, sparse, T, T, d1, sj);
+        [](std::int64_t, std::int64_t) {});
+  } else {
+    for (std::int64_t j = 0; j < nq; ++j) {
+      float* sj = scores + j * s_stride;
+      // bias + code part, then the entries' products in entry order (kept
+      // tokens: 0 here, their own scores below).
+      walk_tokens(
+          b,
+          [&](std::int64_t t0, std::int64_t n, std::int64_t qr0) {
+            const float bj = bias[j];
+            if (qi) {
+              const float wj = ws[j];
+              const std::int32_t* qij = qi + j * nqr + qr0;
+              for (std::int64_t i = 0; i < n; ++i) sj[t0 + i] = bj + wj * static_cast<float>(qij[i]);
+            } else {
+              const float* qsj = qs + j * nqr + qr0;
+              for (std::int64_t i = 0; i < n; ++i) sj[t0 + i] = bj + qsj[i];
+            }
+          },
+          [&](std::int64_t t, std::int64_t) { sj[t] = 0.0f; });
+      if (qk) entry_scores(qk + j * ke.rows * d1, ke.rows, sparse, T, T, d1, sj);
+    }
   }
   // Kept tokens: their fp16 rows in one pass, then each score to its place.
   const std::int64_t nk = b.kept_rows;
@@ -443,7 +459,19 @@ void detail::block_accumulate(const HexBlockView& b, const float* p, std::int64_
   // The expander's entries: p_t (x_e - min_t) added to channel c_e, summed
   // per entry over the blocks (ve) and scattered once.
   float* sums = nullptr;
-  if (d1 > 0 && nqr > 0) {
+  const bool fused = d1 > 0 && d1 <= kFusedEntries && nqr > 0 && nq <= kRunQueries;
+  if (fused) {
+    // The runs of quantized tokens in one fused pass each (weights, bias
+    // sums, entry sums).
+    sums = ve.prepare(b.mask_indices, d1, b.tokens, nq, out, out_stride);
+    walk_tokens(
+        b,
+        [&](std::int64_t t0, std::int64_t n, std::int64_t qr0) {
+          value_run_weights(params + 2 * qr0, b.v_sparse + qr0 * d1, n, d1, nq, p + t0, p_stride, a + qr0, nqr,
+                            sums + t0, ve.rows, base);
+        },
+        [](std::int64_t, std::int64_t) {});
+  } else if (d1 > 0 && nqr > 0) {
     walk_tokens(
         b,
         [&](std::int64_t t0, std::int64_t n, std::int64_t qr0) {
@@ -454,19 +482,21 @@ void detail::block_accumulate(const HexBlockView& b, const float* p, std::int64_
         });
     sums = ve.prepare(b.mask_indices, d1, b.tokens, nq, out, out_stride);
   }
-  walk_tokens(
-      b,
-      [&](std::int64_t t0, std::int64_t n, std::int64_t qr0) {
-        for (std::int64_t j = 0; j < nq; ++j) {
-          const float* pj = p + j * p_stride + t0;
-          base[j] += value_weights(params + 2 * qr0, pj, n, a + j * nqr + qr0);
-        }
-      },
-      [](std::int64_t, std::int64_t) {});
-  // The entries over the whole block (their differences are 0 at kept tokens).
-  if (sums)
-    for (std::int64_t j = 0; j < nq; ++j)
-      group_axpy(p + j * p_stride, T, d1, sparse, T, sums + j * ve.rows * d1, ve.rows);
+  if (!fused) {
+    walk_tokens(
+        b,
+        [&](std::int64_t t0, std::int64_t n, std::int64_t qr0) {
+          for (std::int64_t j = 0; j < nq; ++j) {
+            const float* pj = p + j * p_stride + t0;
+            base[j] += value_weights(params + 2 * qr0, pj, n, a + j * nqr + qr0);
+          }
+        },
+        [](std::int64_t, std::int64_t) {});
+    // The entries over the whole block (their differences are 0 at kept tokens).
+    if (sums)
+      for (std::int64_t j = 0; j < nq; ++j)
+        group_axpy(p + j * p_stride, T, d1, sparse, T, sums + j * ve.rows * d1, ve.rows);
+  }
   // Kept tokens: their weights gathered, their fp16 rows in one pass.
   const std::int64_t nk = b.kept_rows;
   if (nk > 0) {

@@ -82,12 +82,15 @@ void check_options(const HexOptions& o) {
 namespace {
 
 // The compressed blocks of one head as two streams: the key side of every
-// block (parameters, expander entries, kept indices, codes, fp16 rows) one
+// block (parameters, kept indices, codes, expander entries, fp16 rows) one
 // block after the other, in the order the score pass reads them, and the
 // value side likewise for the accumulation pass. A decode then reads two
 // sequential streams, which the hardware prefetcher follows; a HexBlock's
-// nine separate allocations made every block start with stalls. Chunks never
-// move, so the views stay valid as blocks are added.
+// nine separate allocations made every block start with stalls. (With the
+// entries before the codes, as they once were, a score pass that reads the
+// codes first and then the entries made hex4 decode of one query per KV
+// head 5-18% slower on a Zen 5 host.) Chunks never move, so the views stay
+// valid as blocks are added.
 class BlockStore {
  public:
   // Room for `add` (may throw; leaves the views unchanged).
@@ -105,9 +108,9 @@ class BlockStore {
   void push(const HexBlock& b) noexcept {
     HexBlockView v = b.view();
     v.k_params = keys_.copy(b.k_params);
-    v.k_sparse = keys_.copy(b.k_sparse);
     v.kept_index = b.kept_index.empty() ? nullptr : keys_.copy(b.kept_index);
     v.k_codes = keys_.copy(b.k_codes);
+    v.k_sparse = keys_.copy(b.k_sparse);
     v.k_kept = keys_.copy(b.k_kept);
     v.v_params = values_.copy(b.v_params);
     v.v_sparse = values_.copy(b.v_sparse);

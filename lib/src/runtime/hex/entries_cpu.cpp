@@ -308,6 +308,125 @@ HWY_FLATTEN float ValueWeights(const float* HWY_RESTRICT params, const float* HW
   return s;
 }
 
+// The key side of a run of n quantized tokens, for nq queries at once:
+//   out[j * os + i] = bias[j] + code_j(i)
+//                     + sum_{e < g} a[(j * g + e) * as + i] * (x[i * g + e] - b[idx[i * g + e]])
+// with code_j(i) = w[j] * qi[j * cs + i] (integer sums; qi non-null) or
+// qf[j * cs + i], the products added in entry order. The differences are
+// made once per vector of tokens and kept in registers for every query:
+// KeyEntryDiffs, then EntryScores and the code part per query, wrote them
+// out and read them back, and made three passes over the run.
+HWY_FLATTEN void KeyRunScores(const float* HWY_RESTRICT b, std::int64_t b_size, const std::int32_t* HWY_RESTRICT idx,
+                              const half_bits* HWY_RESTRICT x, std::int64_t n, std::int64_t g, std::int64_t nq,
+                              const float* HWY_RESTRICT bias, const float* HWY_RESTRICT w,
+                              const std::int32_t* HWY_RESTRICT qi, const float* HWY_RESTRICT qf, std::int64_t cs,
+                              const float* HWY_RESTRICT a, std::int64_t as, float* HWY_RESTRICT out, std::int64_t os) {
+  std::int64_t done = 0;
+#if HWY_TARGET != HWY_SCALAR
+  const auto run = [&](auto kg, const auto& lookup) KVCAL_ENTRY_INLINE {
+    constexpr int kG = decltype(kg)::value;
+    // Each output depends on its own token only: an overlapping last vector
+    // writes its repeated lanes again with the same values.
+    done = Vectors(n, [&](auto d, std::int64_t i, std::int64_t) KVCAL_ENTRY_INLINE {
+      const hn::RebindToSigned<decltype(d)> di;
+      HWY_ALIGN float xf[4 * kMaxLanes];
+      EntriesToFloats<kG>(d, x + i * kG, xf);
+      const auto queries = [&](auto... diff) KVCAL_ENTRY_INLINE {
+        for (std::int64_t j = 0; j < nq; ++j) {
+          const auto code = qi ? hn::Mul(hn::Set(d, w[j]), hn::ConvertTo(d, hn::LoadU(di, qi + j * cs + i)))
+                               : hn::LoadU(d, qf + j * cs + i);
+          auto s = hn::Add(hn::Set(d, bias[j]), code);
+          const float* aj = a + j * kG * as + i;
+          std::int64_t e = 0;
+          ((s = hn::MulAdd(hn::LoadU(d, aj + (e++) * as), diff, s)), ...);
+          hn::StoreU(s, d, out + j * os + i);
+        }
+      };
+      Deinterleaved<kG>(d, xf, [&](auto... xv) KVCAL_ENTRY_INLINE {
+        Deinterleaved<kG>(di, idx + i * kG,
+                          [&](auto... iv) KVCAL_ENTRY_INLINE { queries(hn::Sub(xv, lookup(d, iv))...); });
+      });
+    });
+  };
+  WithEntries(g, [&](auto kg) {
+#if KVCAL_TABLE128
+    if (b_size <= 128) return run(kg, Table128(b, b_size));
+#endif
+    run(kg, Gather{b});
+  });
+#endif
+  (void)b_size;
+  for (std::int64_t j = 0; j < nq; ++j)
+    for (std::int64_t i = done; i < n; ++i) {
+      const float code = qi ? w[j] * static_cast<float>(qi[j * cs + i]) : qf[j * cs + i];
+      float s = bias[j] + code;
+      for (std::int64_t e = 0; e < g; ++e)
+        s = std::fma(a[(j * g + e) * as + i], half_to_float(x[i * g + e]) - b[idx[i * g + e]], s);
+      out[j * os + i] = s;
+    }
+}
+
+// The value side of a run of n quantized tokens, for nq <= kRunQueries
+// queries at once (p_j = p + j * ps; params[2i] = delta_i, params[2i + 1] =
+// min_i):
+//   a[j * as + i] = p_j[i] * delta_i,  base[j] += sum_i p_j[i] * min_i,
+//   y[(j * g + e) * ys + i] += p_j[i] * (x[i * g + e] - min_i).
+// The differences once per vector of tokens for every query (ValueEntryDiffs,
+// then ValueWeights and GroupAxpy per query, made three passes).
+HWY_FLATTEN void ValueRunWeights(const float* HWY_RESTRICT params, const half_bits* HWY_RESTRICT x, std::int64_t n,
+                                 std::int64_t g, std::int64_t nq, const float* HWY_RESTRICT p, std::int64_t ps,
+                                 float* HWY_RESTRICT a, std::int64_t as, float* HWY_RESTRICT y, std::int64_t ys,
+                                 float* HWY_RESTRICT base) {
+  std::int64_t done = 0;
+#if HWY_TARGET != HWY_SCALAR
+  if (nq <= kRunQueries) {
+    const DF df;
+    const auto NF = static_cast<std::int64_t>(hn::Lanes(df));
+    HWY_ALIGN float sums[kRunQueries * kMaxLanes];  // per query, its lanes' sums of p * min
+    for (std::int64_t k = 0; k < nq * NF; ++k) sums[k] = 0.0f;
+    WithEntries(g, [&](auto kg) {
+      constexpr int kG = decltype(kg)::value;
+      done = Vectors(n, [&](auto d, std::int64_t i, std::int64_t fresh) KVCAL_ENTRY_INLINE {
+        const auto N = static_cast<std::int64_t>(hn::Lanes(d));
+        HWY_ALIGN float xf[4 * kMaxLanes];
+        EntriesToFloats<kG>(d, x + i * kG, xf);
+        hn::Vec<decltype(d)> dl, mn;
+        hn::LoadInterleaved2(d, params + 2 * i, dl, mn);
+        // The overlapping last vector's repeated lanes: their weights
+        // written again alike, left out of the sums.
+        const auto again = hn::FirstN(d, static_cast<std::size_t>(N - fresh));
+        const auto queries = [&](auto... diff) KVCAL_ENTRY_INLINE {
+          for (std::int64_t j = 0; j < nq; ++j) {
+            auto pv = hn::LoadU(d, p + j * ps + i);
+            hn::StoreU(hn::Mul(pv, dl), d, a + j * as + i);
+            if (fresh < N) pv = hn::IfThenZeroElse(again, pv);
+            float* sj = sums + j * NF;
+            hn::Store(hn::MulAdd(pv, mn, hn::Load(d, sj)), d, sj);
+            float* yj = y + j * kG * ys + i;
+            std::int64_t e = 0;
+            ((hn::StoreU(hn::MulAdd(pv, diff, hn::LoadU(d, yj + e * ys)), d, yj + e * ys), ++e), ...);
+          }
+        };
+        Deinterleaved<kG>(d, xf, [&](auto... xv) KVCAL_ENTRY_INLINE { queries(hn::Sub(xv, mn)...); });
+      });
+    });
+    if (done > 0)
+      for (std::int64_t j = 0; j < nq; ++j) base[j] += hn::GetLane(hn::SumOfLanes(df, hn::Load(df, sums + j * NF)));
+  }
+#endif
+  for (std::int64_t j = 0; j < nq; ++j) {
+    float s = 0.0f;
+    for (std::int64_t i = done; i < n; ++i) {
+      const float pv = p[j * ps + i];
+      a[j * as + i] = pv * params[2 * i];
+      s += pv * params[2 * i + 1];
+      for (std::int64_t e = 0; e < g; ++e)
+        y[(j * g + e) * ys + i] += pv * (half_to_float(x[i * g + e]) - params[2 * i + 1]);
+    }
+    if (done < n) base[j] += s;
+  }
+}
+
 }  // namespace HWY_NAMESPACE
 }  // namespace kvcal::runtime::detail
 HWY_AFTER_NAMESPACE();
@@ -320,6 +439,8 @@ HWY_EXPORT(ValueEntryDiffs);
 HWY_EXPORT(EntryScores);
 HWY_EXPORT(GroupAxpy);
 HWY_EXPORT(ValueWeights);
+HWY_EXPORT(KeyRunScores);
+HWY_EXPORT(ValueRunWeights);
 
 void key_entry_diffs(const float* b, std::int64_t b_size, const std::int32_t* idx, const half_bits* x, std::int64_t n,
                      std::int64_t g, float* out, std::int64_t out_stride) {
@@ -339,6 +460,18 @@ void group_axpy(const float* p, std::int64_t n, std::int64_t g, const float* x, 
 }
 float value_weights(const float* params, const float* p, std::int64_t n, float* a) {
   return HWY_DYNAMIC_DISPATCH(ValueWeights)(params, p, n, a);
+}
+void key_run_scores(const float* b, std::int64_t b_size, const std::int32_t* idx, const half_bits* x, std::int64_t n,
+                    std::int64_t g, std::int64_t nq, const float* bias, const float* w, const std::int32_t* qi,
+                    const float* qf, std::int64_t code_stride, const float* a, std::int64_t a_stride, float* out,
+                    std::int64_t out_stride) {
+  HWY_DYNAMIC_DISPATCH(KeyRunScores)
+  (b, b_size, idx, x, n, g, nq, bias, w, qi, qf, code_stride, a, a_stride, out, out_stride);
+}
+void value_run_weights(const float* params, const half_bits* x, std::int64_t n, std::int64_t g, std::int64_t nq,
+                       const float* p, std::int64_t p_stride, float* a, std::int64_t a_stride, float* y,
+                       std::int64_t y_stride, float* base) {
+  HWY_DYNAMIC_DISPATCH(ValueRunWeights)(params, x, n, g, nq, p, p_stride, a, a_stride, y, y_stride, base);
 }
 
 }  // namespace kvcal::runtime::detail
