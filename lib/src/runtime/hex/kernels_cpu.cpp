@@ -966,6 +966,13 @@ HWY_INLINE std::uint32_t Widen3To4Scalar(std::uint32_t x) {
 // With kPairs, the rows widened only to two codes per byte (Widen3ToPairs:
 // codes 2m and 2m + 1 in bits 0-2 and 3-5 of byte m, bits 6-7 unspecified),
 // which the integer kernels split as PhaseBytes<3, k> (see kWide3).
+// How far ahead of its reads WidenCodes3 requests the 3-bit codes: it
+// consumes them faster than memory delivers and computes nothing while it
+// waits, so the request must be out a memory latency early, past the
+// block's end into the next block's (BlockStore keeps them in one stream).
+// hex3@int8 decode at a group of 4 on a Zen 5 host, each against 4096
+// bytes ahead in interleaved runs: 1024 bytes 10% slower, 2048 6%, 8192 1%.
+constexpr std::int64_t kWidenAhead = 4096;
 template <bool kPairs>
 void WidenCodes3(const std::uint8_t* src, std::int64_t n, std::uint8_t* dst) {
   std::int64_t g = 0;
@@ -990,7 +997,7 @@ void WidenCodes3(const std::uint8_t* src, std::int64_t n, std::uint8_t* dst) {
     const __m512i low3 = _mm512_set1_epi8(0x07), high3 = _mm512_set1_epi8(0x70);
     for (; g < n; g += 16) {
       const std::int64_t k = std::min<std::int64_t>(16, n - g);
-      __builtin_prefetch(src + 3 * g + 1024, 0, 3);  // the block streams from memory: keep it ahead
+      __builtin_prefetch(src + 3 * g + kWidenAhead, 0, 3);  // past the end is harmless
       const __mmask64 in = k == 16 ? 0xffffffffffffull : (1ull << (3 * k)) - 1;
       const __mmask64 out = k == 16 ? ~0ull : (1ull << (4 * k)) - 1;
       const __m512i x = _mm512_permutexvar_epi32(vperm, _mm512_maskz_loadu_epi8(in, src + 3 * g));
@@ -1011,7 +1018,7 @@ void WidenCodes3(const std::uint8_t* src, std::int64_t n, std::uint8_t* dst) {
     // A vector of N groups loads 4N bytes for its 3N: stop where that would
     // pass the end; the rest go one by one.
     for (; 3 * g + 4 * N <= 3 * n; g += N) {
-      __builtin_prefetch(src + 3 * g + 1024, 0, 3);  // the block streams from memory: keep it ahead
+      __builtin_prefetch(src + 3 * g + kWidenAhead, 0, 3);  // past the end is harmless
       const auto x = LoadGroups3(d, src + 3 * g, perm, shuffle);
       hn::StoreU(hn::BitCast(hn::Repartition<std::uint8_t, decltype(du)>(), kPairs ? Widen3ToPairs(x) : Widen3To4(x)),
                  hn::Repartition<std::uint8_t, decltype(du)>(), dst + 4 * g);
