@@ -333,7 +333,12 @@ TEST(HexKernels, FusedRunKernelsMatchReference) {
           for (auto& v : qi) v = static_cast<std::int32_t>(rng() % 20001) - 10000;
           for (auto& v : qf) v = g(rng);
           for (auto& v : a) v = g(rng);
-          key_run_scores(b.data(), tab, idx.data(), x.data(), n, grp, nq, bias.data(), w.data(),
+          // The mask indices entry-major, with a gap after each entry's.
+          const i64 is = n + 5;
+          std::vector<std::int32_t> idx_em(n_(grp * is), -1);
+          for (i64 i = 0; i < n; ++i)
+            for (i64 e = 0; e < grp; ++e) idx_em[n_(e * is + i)] = idx[n_(i * grp + e)];
+          key_run_scores(b.data(), tab, idx_em.data(), is, x.data(), n, grp, nq, bias.data(), w.data(),
                          integer ? qi.data() : nullptr, integer ? nullptr : qf.data(), cs, a.data(), as, out.data(),
                          os);
           for (i64 j = 0; j < nq; ++j)

@@ -258,6 +258,9 @@ const float* KeyEntries::prepare(const std::int32_t* m, std::int64_t deg, std::i
   if (m != mask || deg != d1 || qs != q || n != nq || q_stride != stride || tokens > rows) {
     mask = m, d1 = deg, q = qs, nq = n, stride = q_stride, rows = tokens;
     qk.resize(static_cast<std::size_t>(nq * rows * d1));
+    idx.resize(static_cast<std::size_t>(rows * d1));
+    for (std::int64_t t = 0; t < rows; ++t)
+      for (std::int64_t e = 0; e < d1; ++e) idx[static_cast<std::size_t>(e * rows + t)] = m[t * d1 + e];
     for (std::int64_t j = 0; j < nq; ++j)
       for (std::int64_t t = 0; t < rows; ++t)
         for (std::int64_t e = 0; e < d1; ++e)
@@ -390,7 +393,7 @@ void detail::block_scores(const HexBlockView& b, const float* q, std::int64_t nq
     walk_tokens(
         b,
         [&](std::int64_t t0, std::int64_t n, std::int64_t qr0) {
-          key_run_scores(kmin, d, b.mask_indices + t0 * d1, b.k_sparse + qr0 * d1, n, d1, nq, bias, ws,
+          key_run_scores(kmin, d, ke.idx.data() + t0, ke.rows, b.k_sparse + qr0 * d1, n, d1, nq, bias, ws,
                          qi ? qi + qr0 : nullptr, qi ? nullptr : qs + qr0, nqr, qk + t0, ke.rows, scores + t0,
                          s_stride);
         },

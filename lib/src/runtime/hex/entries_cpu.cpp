@@ -18,6 +18,7 @@
 #include <algorithm>
 #include <cmath>
 #include <type_traits>
+#include <utility>
 
 #include "runtime/hex/entries_cpu.h"
 
@@ -149,6 +150,61 @@ HWY_INLINE void EntriesToFloats(D d, const half_bits* HWY_RESTRICT x, float* HWY
   } else {
     for (std::int64_t i = 0; i < kG * N; ++i) out[i] = half_to_float(x[i]);
   }
+}
+
+// f(v_0, .., v_{kG-1}) with lane i of v_e entry e of token i of the
+// Lanes(d) tokens at x (token-major halves), as floats.
+#if KVCAL_TABLE128
+// On AVX-512, a whole vector's kG * 16 halves (at most 128 bytes) sit in two
+// registers, and one VPERMT2W puts entries 2p and 2p + 1 of the 16 tokens in
+// the two halves of a register, converted half by half: no round trip
+// through memory and no float transposes (EntriesToFloats, then
+// Deinterleaved, took 4 stores, 4 loads and about 12 shuffles for kG = 4).
+template <int kG>
+struct HalfPairIndex {  // v[p][k]: the half for lane k % 16 of entry 2p + k / 16
+  alignas(64) std::uint16_t v[2][32];
+  constexpr HalfPairIndex() : v{} {
+    for (int p = 0; p < 2; ++p)
+      for (int k = 0; k < 32; ++k) v[p][k] = static_cast<std::uint16_t>(k % 16 * kG + std::min(2 * p + k / 16, kG - 1));
+  }
+};
+template <int kG>
+inline constexpr HalfPairIndex<kG> kHalfPairIndex{};
+#endif
+template <int kG, class D, class F>
+HWY_INLINE void EntryVectors(D d, const half_bits* HWY_RESTRICT x, F f) {
+#if KVCAL_TABLE128
+  if constexpr (std::is_same_v<D, DF>) {
+    static_assert(kMaxLanes == 16, "AVX-512: 16 float lanes");
+    const auto lo16 = [](__m512i w) { return hn::Vec<DF>{_mm512_cvtph_ps(_mm512_castsi512_si256(w))}; };
+    const auto hi16 = [](__m512i w) { return hn::Vec<DF>{_mm512_cvtph_ps(_mm512_extracti64x4_epi64(w, 1))}; };
+    if constexpr (kG == 1) {
+      f(hn::Vec<DF>{_mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(x)))});
+    } else {
+      const __m512i lo = _mm512_loadu_si512(x);
+      const __m512i hi = kG == 4   ? _mm512_loadu_si512(x + 32)
+                         : kG == 3 ? _mm512_maskz_loadu_epi16(0xffffu, x + 32)
+                                   : _mm512_setzero_si512();
+      const auto pair = [&](int p) {
+        return _mm512_permutex2var_epi16(lo, _mm512_load_si512(kHalfPairIndex<kG>.v[p]), hi);
+      };
+      const __m512i w0 = pair(0);
+      if constexpr (kG == 2) {
+        f(lo16(w0), hi16(w0));
+      } else {
+        const __m512i w1 = pair(1);
+        if constexpr (kG == 3)
+          f(lo16(w0), hi16(w0), lo16(w1));
+        else
+          f(lo16(w0), hi16(w0), lo16(w1), hi16(w1));
+      }
+    }
+    return;
+  }
+#endif
+  HWY_ALIGN float xf[4 * kMaxLanes];
+  EntriesToFloats<kG>(d, x, xf);
+  Deinterleaved<kG>(d, xf, f);
 }
 
 // Tokens [0, n) in vectors: f(d, i, fresh) for the Lanes(d) tokens from i,
@@ -310,15 +366,15 @@ HWY_FLATTEN float ValueWeights(const float* HWY_RESTRICT params, const float* HW
 
 // The key side of a run of n quantized tokens, for nq queries at once:
 //   out[j * os + i] = bias[j] + code_j(i)
-//                     + sum_{e < g} a[(j * g + e) * as + i] * (x[i * g + e] - b[idx[i * g + e]])
+//                     + sum_{e < g} a[(j * g + e) * as + i] * (x[i * g + e] - b[idx[e * is + i]])
 // with code_j(i) = w[j] * qi[j * cs + i] (integer sums; qi non-null) or
 // qf[j * cs + i], the products added in entry order. The differences are
 // made once per vector of tokens and kept in registers for every query:
 // KeyEntryDiffs, then EntryScores and the code part per query, wrote them
 // out and read them back, and made three passes over the run.
 HWY_FLATTEN void KeyRunScores(const float* HWY_RESTRICT b, std::int64_t b_size, const std::int32_t* HWY_RESTRICT idx,
-                              const half_bits* HWY_RESTRICT x, std::int64_t n, std::int64_t g, std::int64_t nq,
-                              const float* HWY_RESTRICT bias, const float* HWY_RESTRICT w,
+                              std::int64_t is, const half_bits* HWY_RESTRICT x, std::int64_t n, std::int64_t g,
+                              std::int64_t nq, const float* HWY_RESTRICT bias, const float* HWY_RESTRICT w,
                               const std::int32_t* HWY_RESTRICT qi, const float* HWY_RESTRICT qf, std::int64_t cs,
                               const float* HWY_RESTRICT a, std::int64_t as, float* HWY_RESTRICT out, std::int64_t os) {
   std::int64_t done = 0;
@@ -329,8 +385,6 @@ HWY_FLATTEN void KeyRunScores(const float* HWY_RESTRICT b, std::int64_t b_size, 
     // writes its repeated lanes again with the same values.
     done = Vectors(n, [&](auto d, std::int64_t i, std::int64_t) KVCAL_ENTRY_INLINE {
       const hn::RebindToSigned<decltype(d)> di;
-      HWY_ALIGN float xf[4 * kMaxLanes];
-      EntriesToFloats<kG>(d, x + i * kG, xf);
       const auto queries = [&](auto... diff) KVCAL_ENTRY_INLINE {
         for (std::int64_t j = 0; j < nq; ++j) {
           const auto code = qi ? hn::Mul(hn::Set(d, w[j]), hn::ConvertTo(d, hn::LoadU(di, qi + j * cs + i)))
@@ -342,9 +396,11 @@ HWY_FLATTEN void KeyRunScores(const float* HWY_RESTRICT b, std::int64_t b_size, 
           hn::StoreU(s, d, out + j * os + i);
         }
       };
-      Deinterleaved<kG>(d, xf, [&](auto... xv) KVCAL_ENTRY_INLINE {
-        Deinterleaved<kG>(di, idx + i * kG,
-                          [&](auto... iv) KVCAL_ENTRY_INLINE { queries(hn::Sub(xv, lookup(d, iv))...); });
+      EntryVectors<kG>(d, x + i * kG, [&](auto... xv) KVCAL_ENTRY_INLINE {
+        [&]<std::size_t... kE>(std::index_sequence<kE...>) KVCAL_ENTRY_INLINE {
+          queries(hn::Sub(xv, lookup(d, hn::LoadU(di, idx + static_cast<std::int64_t>(kE) * is + i)))...);
+        }
+        (std::make_index_sequence<kG>());
       });
     });
   };
@@ -361,7 +417,7 @@ HWY_FLATTEN void KeyRunScores(const float* HWY_RESTRICT b, std::int64_t b_size, 
       const float code = qi ? w[j] * static_cast<float>(qi[j * cs + i]) : qf[j * cs + i];
       float s = bias[j] + code;
       for (std::int64_t e = 0; e < g; ++e)
-        s = std::fma(a[(j * g + e) * as + i], half_to_float(x[i * g + e]) - b[idx[i * g + e]], s);
+        s = std::fma(a[(j * g + e) * as + i], half_to_float(x[i * g + e]) - b[idx[e * is + i]], s);
       out[j * os + i] = s;
     }
 }
@@ -388,8 +444,6 @@ HWY_FLATTEN void ValueRunWeights(const float* HWY_RESTRICT params, const half_bi
       constexpr int kG = decltype(kg)::value;
       done = Vectors(n, [&](auto d, std::int64_t i, std::int64_t fresh) KVCAL_ENTRY_INLINE {
         const auto N = static_cast<std::int64_t>(hn::Lanes(d));
-        HWY_ALIGN float xf[4 * kMaxLanes];
-        EntriesToFloats<kG>(d, x + i * kG, xf);
         hn::Vec<decltype(d)> dl, mn;
         hn::LoadInterleaved2(d, params + 2 * i, dl, mn);
         // The overlapping last vector's repeated lanes: their weights
@@ -407,7 +461,7 @@ HWY_FLATTEN void ValueRunWeights(const float* HWY_RESTRICT params, const half_bi
             ((hn::StoreU(hn::MulAdd(pv, diff, hn::LoadU(d, yj + e * ys)), d, yj + e * ys), ++e), ...);
           }
         };
-        Deinterleaved<kG>(d, xf, [&](auto... xv) KVCAL_ENTRY_INLINE { queries(hn::Sub(xv, mn)...); });
+        EntryVectors<kG>(d, x + i * kG, [&](auto... xv) KVCAL_ENTRY_INLINE { queries(hn::Sub(xv, mn)...); });
       });
     });
     if (done > 0)
@@ -461,12 +515,12 @@ void group_axpy(const float* p, std::int64_t n, std::int64_t g, const float* x, 
 float value_weights(const float* params, const float* p, std::int64_t n, float* a) {
   return HWY_DYNAMIC_DISPATCH(ValueWeights)(params, p, n, a);
 }
-void key_run_scores(const float* b, std::int64_t b_size, const std::int32_t* idx, const half_bits* x, std::int64_t n,
-                    std::int64_t g, std::int64_t nq, const float* bias, const float* w, const std::int32_t* qi,
-                    const float* qf, std::int64_t code_stride, const float* a, std::int64_t a_stride, float* out,
-                    std::int64_t out_stride) {
+void key_run_scores(const float* b, std::int64_t b_size, const std::int32_t* idx, std::int64_t idx_stride,
+                    const half_bits* x, std::int64_t n, std::int64_t g, std::int64_t nq, const float* bias,
+                    const float* w, const std::int32_t* qi, const float* qf, std::int64_t code_stride, const float* a,
+                    std::int64_t a_stride, float* out, std::int64_t out_stride) {
   HWY_DYNAMIC_DISPATCH(KeyRunScores)
-  (b, b_size, idx, x, n, g, nq, bias, w, qi, qf, code_stride, a, a_stride, out, out_stride);
+  (b, b_size, idx, idx_stride, x, n, g, nq, bias, w, qi, qf, code_stride, a, a_stride, out, out_stride);
 }
 void value_run_weights(const float* params, const half_bits* x, std::int64_t n, std::int64_t g, std::int64_t nq,
                        const float* p, std::int64_t p_stride, float* a, std::int64_t a_stride, float* y,

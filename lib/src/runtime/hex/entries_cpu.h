@@ -42,13 +42,14 @@ constexpr std::int64_t kFusedEntries = 4;
 // The same per-token work fused for a run of n tokens and nq queries, the
 // differences made once per vector of tokens and never stored.
 // Key side: out[j * out_stride + i] = bias[j] + code_j(i)
-//   + sum_{e < g} a[(j * g + e) * a_stride + i] * (x[i * g + e] - b[idx[i * g + e]]),
+//   + sum_{e < g} a[(j * g + e) * a_stride + i] * (x[i * g + e] - b[idx[e * idx_stride + i]]),
 // code_j(i) = w[j] * qi[j * code_stride + i] where qi is not null, else
-// qf[j * code_stride + i]; the products added in entry order.
-void key_run_scores(const float* b, std::int64_t b_size, const std::int32_t* idx, const half_bits* x, std::int64_t n,
-                    std::int64_t g, std::int64_t nq, const float* bias, const float* w, const std::int32_t* qi,
-                    const float* qf, std::int64_t code_stride, const float* a, std::int64_t a_stride, float* out,
-                    std::int64_t out_stride);
+// qf[j * code_stride + i]; the products added in entry order. The mask
+// indices entry-major (as KeyEntries keeps them, once for all blocks).
+void key_run_scores(const float* b, std::int64_t b_size, const std::int32_t* idx, std::int64_t idx_stride,
+                    const half_bits* x, std::int64_t n, std::int64_t g, std::int64_t nq, const float* bias,
+                    const float* w, const std::int32_t* qi, const float* qf, std::int64_t code_stride, const float* a,
+                    std::int64_t a_stride, float* out, std::int64_t out_stride);
 // Value side, for nq <= kRunQueries (more take a scalar loop), p_j = p + j * p_stride: a[j * a_stride + i] = p_j[i] *
 // delta_i, base[j] += sum_i p_j[i] * min_i, and
 //   y[(j * g + e) * y_stride + i] += p_j[i] * (x[i * g + e] - min_i).
