@@ -1956,10 +1956,12 @@ KVCAL_FLATTEN void AccumulateIntQ(D8 d8, const std::uint8_t* codes, std::int64_t
 // less time than widening first at one query on AVX2. For groups it costs
 // more: the value kernel passes over the codes once per quarter of its
 // transposed vectors, widening them each time, and the widening's constants
-// push the score sums out of 16 registers. Widening to pairs takes two
-// shifts and two blends per vector of groups, to 4-bit rows three more
-// operations: with a group of 4 on a Zen 3 core, 7% less time for the value
-// kernel, but 12% more for the score kernel, which stays on 4-bit rows.)
+// push the score sums out of 16 registers: with AVX-512's 32, the score
+// kernel reads groups' rows in place too, see ScoresIntPer. Widening to
+// pairs takes two shifts and two blends per vector of groups, to 4-bit rows
+// three more operations: with a group of 4 on a Zen 3 core, 7% less time
+// for the value kernel, but 12% more for the score kernel, which stays on
+// 4-bit rows there.)
 template <int kL>
 constexpr bool Fused3() {
 #if !HWY_HAVE_SCALABLE && KVCAL_ROW_KERNELS && HWY_TARGET != HWY_SCALAR
@@ -2180,6 +2182,52 @@ void ScoresIntPer(D8 d8, int bits, const std::uint8_t* codes, std::int64_t rows,
 #if !HWY_HAVE_SCALABLE && KVCAL_ROW_KERNELS
     if constexpr (Fused3<kL>()) {
       if (nq == 1) return Scores3One<kL>(d8, codes, rows, row_bytes, run, dim, w8, w8_stride, out, out_stride);
+#if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3
+      // GQA groups on AVX-512, whose 32 registers hold the widening's
+      // constants beside the sums: the rows read in place, four queries at a
+      // time, so that waiting for them from memory overlaps the arithmetic
+      // (widened first, the wait came before any arithmetic: hex3@int8 decode
+      // at a group of 4 on a Zen 5 guest 5% slower); the rows from the last
+      // unrolled step on, which hold the block's last row, widened.
+      const bool pairs = kPairTarget && run / static_cast<std::int64_t>(hn::Lanes(d8)) * IntPhases(3) <= kPairSums;
+      std::int64_t r = rows;
+      for (std::int64_t j = 0; j < nq; j += 4) {
+        const std::int8_t* wj = w8 + j * w8_stride;
+        std::int32_t* oj = out + j * out_stride;
+        const auto group = [&](auto kq) {
+          constexpr int kQ = decltype(kq)::value;
+          constexpr int kR = std::max(1, (kAccVectors / kL) / kQ);
+          if (pairs)
+            return ScoresIntRows<3, kQ, kL, kR, kPairTarget>(d8, codes, rows, row_bytes, run, dim, wj, w8_stride, oj,
+                                                             out_stride);
+          return ScoresIntRows<3, kQ, kL, kR, false>(d8, codes, rows, row_bytes, run, dim, wj, w8_stride, oj,
+                                                     out_stride);
+        };
+        std::int64_t done = 0;
+        switch (std::min<std::int64_t>(4, nq - j)) {
+          case 1:
+            done = group(std::integral_constant<int, 1>());
+            break;
+          case 2:
+            done = group(std::integral_constant<int, 2>());
+            break;
+          case 3:
+            done = group(std::integral_constant<int, 3>());
+            break;
+          default:
+            done = group(std::integral_constant<int, 4>());
+            break;
+        }
+        r = std::min(r, done);
+      }
+      if (r < rows)
+        WidenedChunks3<false>(codes + r * row_bytes, rows - r, row_bytes, dim,
+                              [&](const std::uint8_t* wide, std::int64_t n, std::int64_t r0) {
+                                ScoresIntGroups<4, kL>(d8, wide, n, run, run, dim, w8, nq, w8_stride, out + r + r0,
+                                                       out_stride);
+                              });
+      return;
+#endif
     }
 #endif
     WidenedChunks3<false>(codes, rows, row_bytes, dim, [&](const std::uint8_t* wide, std::int64_t n, std::int64_t r0) {
