@@ -50,10 +50,12 @@ void key_run_scores(const float* b, std::int64_t b_size, const std::int32_t* idx
                     const half_bits* x, std::int64_t n, std::int64_t g, std::int64_t nq, const float* bias,
                     const float* w, const std::int32_t* qi, const float* qf, std::int64_t code_stride, const float* a,
                     std::int64_t a_stride, float* out, std::int64_t out_stride);
-// Value side, for nq <= kRunQueries (more take a scalar loop), p_j = p + j * p_stride: a[j * a_stride + i] = p_j[i] *
-// delta_i, base[j] += sum_i p_j[i] * min_i, and
-//   y[(j * g + e) * y_stride + i] += p_j[i] * (x[i * g + e] - min_i).
+// The most queries value_run_weights takes in vectors (more take its scalar
+// loop: callers keep the separate kernels for them).
 constexpr std::int64_t kRunQueries = 16;
+// Value side, p_j = p + j * p_stride:
+//   a[j * a_stride + i] = p_j[i] * delta_i,  base[j] += sum_i p_j[i] * min_i,
+//   y[(j * g + e) * y_stride + i] += p_j[i] * (x[i * g + e] - min_i).
 void value_run_weights(const float* params, const half_bits* x, std::int64_t n, std::int64_t g, std::int64_t nq,
                        const float* p, std::int64_t p_stride, float* a, std::int64_t a_stride, float* y,
                        std::int64_t y_stride, float* base);
