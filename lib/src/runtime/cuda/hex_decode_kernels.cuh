@@ -210,20 +210,29 @@ __host__ __device__ inline bool mma_geometry(const HexPageGeometry& g) {
   return (g.bits == 4 || g.bits == 2) && g.head_dim % 64 == 0 && g.head_dim <= kMaxHeadDim;
 }
 
-// Where the stage buffer (32-bit words) holds one side of a page.
+// Words of a staged row of `bytes` bytes: 4 mod 8 where rows are whole
+// 16-byte chunks (copied 16 bytes at a time, read 16 bytes a thread: the 8
+// threads of a quarter warp reading 8 rows hit 32 different banks), else odd
+// (copied and read a word at a time: 32 rows in 32 banks).
+__host__ __device__ inline int stage_words(int bytes) { return bytes % 16 == 0 ? mma_words(bytes) : odd_words(bytes); }
+__host__ __device__ inline int round4(int words) { return (words + 3) & ~3; }
+
+// Where the stage buffer (32-bit words) holds one side of a page. Every
+// region starts on 16 bytes and holds its page array rounded up to 16 bytes
+// (the page's arrays are padded so: regions are copied in 16-byte chunks).
 struct StageLayout {
   int kept_stride = 0, code_stride = 0;             // words per staged row
   int kept = 0, codes = 0, params = 0, sparse = 0;  // offsets in words
   int index = 0, words = 0;
   __host__ __device__ explicit StageLayout(const HexPageGeometry& g, bool mma = false) {
     const int cap = g.kept_capacity, nb = g.block, d = g.head_dim;
-    kept_stride = odd_words(2 * d);
-    code_stride = g.bits == 0 ? 0 : mma ? mma_words(g.row_bytes()) : odd_words(g.row_bytes());
-    codes = kept + cap * kept_stride;
-    params = codes + nb * code_stride;
-    sparse = params + (g.bits == 0 ? 0 : (d > nb ? d : nb));
-    index = sparse + (g.bits == 0 ? 0 : (nb * g.mask_degree + 1) / 2);
-    words = index + (g.bits == 0 ? 0 : (cap + 1) / 2);
+    kept_stride = stage_words(2 * d);
+    code_stride = g.bits == 0 ? 0 : mma ? mma_words(g.row_bytes()) : stage_words(g.row_bytes());
+    codes = round4(kept + cap * kept_stride);
+    params = round4(codes + nb * code_stride);
+    sparse = params + (g.bits == 0 ? 0 : round4(d > nb ? d : nb));
+    index = sparse + (g.bits == 0 ? 0 : round4((nb * g.mask_degree + 1) / 2));
+    words = index + (g.bits == 0 ? 0 : round4((cap + 1) / 2));
   }
 };
 
@@ -266,10 +275,14 @@ struct DecodeShared {
     return mma ? 16 * static_cast<std::size_t>(mma_weight_words(g)) : 0;
   }
   __host__ __device__ static std::size_t bytes(const HexPageGeometry& g, int stages = 2, bool mma = false) {
+    return (head_words(g, mma) + static_cast<std::size_t>(stages) * StageLayout(g, mma).words) * 4;
+  }
+  // Words before the stages (rounded up to 16 bytes: the stages are copied in 16-byte chunks).
+  __host__ __device__ static std::size_t head_words(const HexPageGeometry& g, bool mma) {
     const std::size_t d = g.head_dim, nb = g.block, d1 = g.bits == 0 ? 0 : g.mask_degree;
     return (2 * d * Gp + 2 * nb * Gp + mma_words_b(g, mma) + mma_words_w(g, mma) + d + G * d + G * nb + 5 * G + 2 +
-            3 * nb + d + 1 + 2 * nb * d1 + static_cast<std::size_t>(stages) * StageLayout(g, mma).words) *
-           4;
+            3 * nb + d + 1 + 2 * nb * d1 + 3) /
+           4 * 4;
   }
   __device__ DecodeShared(unsigned char* s, const HexPageGeometry& g, int stages, bool mma = false) {
     const int d = g.head_dim, nb = g.block;
@@ -294,7 +307,7 @@ struct DecodeShared {
     col_ptr = tq + nb;
     col = col_ptr + d + 1;
     mask = col + nb * (g.bits == 0 ? 0 : g.mask_degree);
-    kstage = reinterpret_cast<std::uint32_t*>(mask + nb * (g.bits == 0 ? 0 : g.mask_degree));
+    kstage = reinterpret_cast<std::uint32_t*>(s) + head_words(g, mma);
     vstage = stages == 2 ? kstage + StageLayout(g, mma).words : kstage;
   }
 };
@@ -313,6 +326,18 @@ __device__ inline void copy_word(std::uint32_t* dst, const std::uint32_t* src) {
   *dst = *src;
 #endif
 }
+// Sixteen bytes global -> shared, both 16-byte aligned (cp.async.cg: the
+// page is read once, not kept in L1).
+__device__ inline void copy_chunk(std::uint32_t* dst, const std::uint32_t* src) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  const auto s = static_cast<unsigned>(__cvta_generic_to_shared(dst));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(s), "l"(src) : "memory");
+#elif defined(KVCAL_CUDA_EMULATION)
+  for (int k = 0; k < 4; ++k) ::kvcal::emu::async_copy(dst + k, src + k);
+#else
+  *reinterpret_cast<uint4*>(dst) = *reinterpret_cast<const uint4*>(src);
+#endif
+}
 __device__ inline void copy_commit() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
   asm volatile("cp.async.commit_group;\n" ::: "memory");
@@ -329,15 +354,15 @@ __device__ inline void copy_wait_prior() {
 #endif
 }
 
-// A thread's share of copying rows of w = row_bytes / 4 words with nt
-// threads: its first row and word, and the rows and words it steps by. The
-// quotients come from a float reciprocal, exact for these small integers
-// (tid, nt < 2^16 and w >= 1: each quotient's fraction is at least 0.5 / w
-// from the next integer, far above the product's rounding error); a runtime
-// integer division per quotient cost 4% of the decode's instructions.
+// A thread's share of copying rows of w units (words or 16-byte chunks)
+// with nt threads: its first row and unit, and the rows and units it steps
+// by. The quotients come from a float reciprocal, exact for these small
+// integers (tid, nt < 2^16 and w >= 1: each quotient's fraction is at least
+// 0.5 / w from the next integer, far above the product's rounding error); a
+// runtime integer division per quotient cost 4% of the decode's instructions.
 struct RowShare {
   int w, r0, k0, dr, dk;
-  __device__ RowShare(int row_bytes, int tid, int nt) : w(row_bytes / 4) {
+  __device__ RowShare(int units, int tid, int nt) : w(units) {
     const float inv = 1.0f / static_cast<float>(w > 0 ? w : 1);
     r0 = static_cast<int>((static_cast<float>(tid) + 0.5f) * inv);
     dr = static_cast<int>((static_cast<float>(nt) + 0.5f) * inv);
@@ -346,10 +371,15 @@ struct RowShare {
   }
 };
 
-// Copies one contiguous run of `bytes` bytes to dst: asynchronous 32-bit
-// copies when it allows, bytes otherwise.
+// Copies one contiguous run of `bytes` bytes to dst: 16-byte chunks where
+// both ends are 16-byte aligned (the run rounded up to 16 bytes: the page's
+// arrays and the stage's regions are padded so), else asynchronous 32-bit
+// copies when it allows, else bytes.
 __device__ inline void stage_run(std::uint32_t* dst, const std::uint8_t* src, int bytes, int tid, int nt) {
-  if (bytes % 4 == 0 && (reinterpret_cast<std::uintptr_t>(src) & 3u) == 0) {
+  if (aligned16(src) && aligned16(dst)) {
+    const auto* s = reinterpret_cast<const std::uint32_t*>(src);
+    for (int x = tid; x < (bytes + 15) / 16; x += nt) copy_chunk(dst + 4 * x, s + 4 * x);
+  } else if (bytes % 4 == 0 && (reinterpret_cast<std::uintptr_t>(src) & 3u) == 0) {
     const auto* s = reinterpret_cast<const std::uint32_t*>(src);
     for (int x = tid; x < bytes / 4; x += nt) copy_word(dst + x, s + x);
   } else {
@@ -359,14 +389,39 @@ __device__ inline void stage_run(std::uint32_t* dst, const std::uint8_t* src, in
 }
 
 // Copies `rows` rows of `row_bytes` bytes (contiguous at src) to dst, row r at
-// word r * stride: asynchronous 32-bit copies when the rows allow, bytes
-// otherwise.
+// word r * stride: 16-byte chunks when the rows and both ends allow, else
+// asynchronous 32-bit copies when the rows allow, else bytes.
 __device__ inline void stage_rows(std::uint32_t* dst, int stride, const std::uint8_t* src, int rows, int row_bytes,
                                   int tid, int nt) {
   if (rows <= 0 || row_bytes <= 0) return;
-  if (row_bytes % 4 == 0 && (reinterpret_cast<std::uintptr_t>(src) & 3u) == 0) {
-    const RowShare sh(row_bytes, tid, nt);
-    const auto* s = reinterpret_cast<const std::uint32_t*>(src);
+  const auto* s = reinterpret_cast<const std::uint32_t*>(src);
+  if (row_bytes % 16 == 0 && stride % 4 == 0 && aligned16(src) && aligned16(dst)) {
+    const RowShare sh(row_bytes / 16, tid, nt);
+    if (sh.dk == 0) {  // the same chunk of every dr-th row: pointers step, no index arithmetic
+      const std::uint32_t* sp = s + 4 * (sh.r0 * sh.w + sh.k0);
+      std::uint32_t* dp = dst + sh.r0 * stride + 4 * sh.k0;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+      auto sa = static_cast<unsigned>(__cvta_generic_to_shared(dp));
+      const unsigned step = 4u * static_cast<unsigned>(sh.dr * stride);
+      for (int r = sh.r0; r < rows; r += sh.dr, sa += step, sp += 4 * nt)
+        asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(sa), "l"(sp) : "memory");
+#else
+      for (int r = sh.r0; r < rows; r += sh.dr, dp += sh.dr * stride, sp += 4 * nt) copy_chunk(dp, sp);
+#endif
+      return;
+    }
+    int r = sh.r0, k = sh.k0;
+    for (int x = tid; x < rows * sh.w; x += nt) {
+      copy_chunk(dst + r * stride + 4 * k, s + 4 * x);
+      r += sh.dr;
+      k += sh.dk;
+      if (k >= sh.w) {
+        k -= sh.w;
+        ++r;
+      }
+    }
+  } else if (row_bytes % 4 == 0 && (reinterpret_cast<std::uintptr_t>(src) & 3u) == 0) {
+    const RowShare sh(row_bytes / 4, tid, nt);
     if (sh.dk == 0) {  // the same word of every dr-th row: pointers step, no index arithmetic
       const std::uint32_t* sp = s + sh.r0 * sh.w + sh.k0;
       std::uint32_t* dp = dst + sh.r0 * stride + sh.k0;
@@ -434,13 +489,10 @@ __device__ inline void axpy_group2(const float* v, float x0, float x1, float* s0
 }
 
 // s[j] += sum over channels [c0, c0 + 32) of v[c][j] * code_c, the 32 codes
-// in B consecutive words (B bits each, little-endian).
+// in the B consecutive words w (B bits each, little-endian).
 template <int G, int B>
-__device__ inline void dot32(const std::uint32_t* words, const float* v, float* s) {
+__device__ inline void dot32w(const std::uint32_t* w, const float* v, float* s) {
   constexpr int Gp = kPadded<G>;
-  std::uint32_t w[B];
-#pragma unroll
-  for (int k = 0; k < B; ++k) w[k] = words[k];
 #pragma unroll
   for (int i = 0; i < 32; ++i) {
     constexpr unsigned mask = (1u << B) - 1u;
@@ -450,6 +502,35 @@ __device__ inline void dot32(const std::uint32_t* words, const float* v, float* 
     axpy_group<G>(v + i * Gp, code_float(c & mask), s);
   }
 }
+template <int G, int B>
+__device__ inline void dot32(const std::uint32_t* words, const float* v, float* s) {
+  std::uint32_t w[B];
+#pragma unroll
+  for (int k = 0; k < B; ++k) w[k] = words[k];
+  dot32w<G, B>(w, v, s);
+}
+
+// Chunks of 32 codes at B bits from a 16-byte aligned row (rows staged 16
+// bytes apart, 4 mod 8 words: conflict-free 16-byte loads), 128 / B words at
+// a time: one load for 32 codes at 4 bits, 64 at 2, three loads for 128 at 3.
+template <int G, int B>
+__device__ inline void score_codes_vec(const std::uint32_t* row, int d, const float* qd, float* s, int& c) {
+  constexpr int Gp = kPadded<G>, VW = B == 3 ? 12 : 4, VC = VW * 32 / B;
+  for (; c + VC <= d; c += VC) {
+    const auto* v = reinterpret_cast<const uint4*>(row + c * B / 32);
+    std::uint32_t w[VW];
+#pragma unroll
+    for (int k = 0; k < VW / 4; ++k) {
+      const uint4 x = v[k];
+      w[4 * k] = x.x;
+      w[4 * k + 1] = x.y;
+      w[4 * k + 2] = x.z;
+      w[4 * k + 3] = x.w;
+    }
+#pragma unroll
+    for (int i = 0; i < VW / B; ++i) dot32w<G, B>(w + i * B, qd + (c + 32 * i) * Gp, s);
+  }
+}
 
 // The score of a quantized row against the group: codes (staged words) times
 // q * delta, in chunks of 32 channels, then one code at a time.
@@ -457,6 +538,14 @@ template <int G>
 __device__ inline void score_codes(const std::uint32_t* row, int bits, int d, const float* qd, float* s) {
   constexpr int Gp = kPadded<G>;
   int c = 0;
+  if (aligned16(row)) {
+    if (bits == 4)
+      score_codes_vec<G, 4>(row, d, qd, s, c);
+    else if (bits == 3)
+      score_codes_vec<G, 3>(row, d, qd, s, c);
+    else
+      score_codes_vec<G, 2>(row, d, qd, s, c);
+  }
   for (; c + 32 <= d; c += 32) {  // a chunk of 32 codes starts on a word
     const std::uint32_t* w = row + c * bits / 32;
     if (bits == 4)
@@ -470,20 +559,29 @@ __device__ inline void score_codes(const std::uint32_t* row, int bits, int d, co
   for (; c < d; ++c) axpy_group<G>(qd + c * Gp, code_float(packed_code(bytes, c, bits)), s);
 }
 
-// The score of an fp16 row (row[c] for c < d) against the group.
+// The score of an fp16 row (row[c] for c < d) against the group: 16 bytes
+// at a time where the row is 16-byte aligned (staged rows, residual rows).
 template <int G>
 __device__ inline void score_halves(const half_bits* row, int d, const float* qs, float* s) {
   constexpr int Gp = kPadded<G>;
-  if (d % 2 == 0 && (reinterpret_cast<std::uintptr_t>(row) & 3u) == 0) {
-    const auto* w = reinterpret_cast<const std::uint32_t*>(row);
-    for (int c = 0; c < d; c += 2) {
-      const std::uint32_t x = w[c / 2];
-      axpy_group<G>(qs + c * Gp, h2f(static_cast<half_bits>(x & 0xffffu)), s);
-      axpy_group<G>(qs + (c + 1) * Gp, h2f(static_cast<half_bits>(x >> 16)), s);
+  int c = 0;
+  const auto pair = [&](std::uint32_t x, int c) {
+    axpy_group<G>(qs + c * Gp, h2f(static_cast<half_bits>(x & 0xffffu)), s);
+    axpy_group<G>(qs + (c + 1) * Gp, h2f(static_cast<half_bits>(x >> 16)), s);
+  };
+  if (aligned16(row))
+    for (; c + 8 <= d; c += 8) {
+      const uint4 x = *reinterpret_cast<const uint4*>(row + c);
+      pair(x.x, c);
+      pair(x.y, c + 2);
+      pair(x.z, c + 4);
+      pair(x.w, c + 6);
     }
-  } else {
-    for (int c = 0; c < d; ++c) axpy_group<G>(qs + c * Gp, h2f(row[c]), s);
+  if ((reinterpret_cast<std::uintptr_t>(row) & 3u) == 0) {
+    const auto* w = reinterpret_cast<const std::uint32_t*>(row);
+    for (; c + 2 <= d; c += 2) pair(w[c / 2], c);
   }
+  for (; c < d; ++c) axpy_group<G>(qs + c * Gp, h2f(row[c]), s);
 }
 
 // Whether pages of this geometry carry expander entries (and the decode the
