@@ -217,6 +217,15 @@ __host__ __device__ inline bool mma_geometry(const HexPageGeometry& g) {
 __host__ __device__ inline int stage_words(int bytes) { return bytes % 16 == 0 ? mma_words(bytes) : odd_words(bytes); }
 __host__ __device__ inline int round4(int words) { return (words + 3) & ~3; }
 
+// Lanes per quantized row in the score pass on the CUDA cores: 4 where head_dim
+// is 128 and the codes are 4 or 3 bits (a lane per 32 channels: 4 x 96 rows
+// spread evenly over 128 threads, where a thread per row leaves a warp idle;
+// code rows staged unpadded, the 4 lanes of a row reading its 4 or 3 words
+// from different banks), else 1.
+__host__ __device__ inline int score_parts(const HexPageGeometry& g, bool mma) {
+  return !mma && g.head_dim == 128 && (g.bits == 4 || g.bits == 3) ? 4 : 1;
+}
+
 // Where the stage buffer (32-bit words) holds one side of a page. Every
 // region starts on 16 bytes and holds its page array rounded up to 16 bytes
 // (the page's arrays are padded so: regions are copied in 16-byte chunks).
@@ -227,7 +236,10 @@ struct StageLayout {
   __host__ __device__ explicit StageLayout(const HexPageGeometry& g, bool mma = false) {
     const int cap = g.kept_capacity, nb = g.block, d = g.head_dim;
     kept_stride = stage_words(2 * d);
-    code_stride = g.bits == 0 ? 0 : mma ? mma_words(g.row_bytes()) : stage_words(g.row_bytes());
+    code_stride = g.bits == 0           ? 0
+                  : mma                   ? mma_words(g.row_bytes())
+                  : score_parts(g, false) > 1 ? g.row_bytes() / 4
+                                          : stage_words(g.row_bytes());
     codes = round4(kept + cap * kept_stride);
     params = round4(codes + nb * code_stride);
     sparse = params + (g.bits == 0 ? 0 : round4(d > nb ? d : nb));
@@ -239,6 +251,20 @@ struct StageLayout {
 // Queries padded to a multiple of 4 per channel (16-byte loads).
 template <int G>
 constexpr int kPadded = (G + 3) / 4 * 4;
+
+// Where channel c's scaled queries start in the score factors q delta:
+// channels in blocks of 32, each block 4 words after the last, so that the
+// lanes scoring different blocks of 32 channels (score_parts) read them from
+// different banks.
+template <int G>
+__host__ __device__ constexpr int qoff(int c) {
+  return c * kPadded<G> + (c >> 5) * 4;
+}
+template <int G>
+__host__ __device__ constexpr int qd_words(int d) {
+  return qoff<G>(d) + 4;
+}
+
 
 // Column tiles of the tensor-core score product: the hi and lo parts of
 // groups up to 4 share one tile of 8 columns, larger groups take two.
@@ -254,7 +280,7 @@ __host__ __device__ inline int mma_weight_words(const HexPageGeometry& g) { retu
 template <int G>
 struct DecodeShared {
   static constexpr int Gp = kPadded<G>;
-  float *qs, *qd, *wq, *pk;  // [d][Gp], [d][Gp], [nb][Gp], [nb][Gp]
+  float *qs, *qd, *wq, *pk;  // [d][Gp], channel c at qoff<G>(c), [nb][Gp], [nb][Gp]
   // Tensor cores only: the score product's B fragments in lane order,
   // [d / 16][kScoreTiles][32 lanes][2 words]; the value weights, rows 0-7 the
   // hi parts of queries 0-7 and rows 8-15 their lo parts, [16][weight words].
@@ -280,7 +306,7 @@ struct DecodeShared {
   // Words before the stages (rounded up to 16 bytes: the stages are copied in 16-byte chunks).
   __host__ __device__ static std::size_t head_words(const HexPageGeometry& g, bool mma) {
     const std::size_t d = g.head_dim, nb = g.block, d1 = g.bits == 0 ? 0 : g.mask_degree;
-    return (2 * d * Gp + 2 * nb * Gp + mma_words_b(g, mma) + mma_words_w(g, mma) + d + G * d + G * nb + 5 * G + 2 +
+    return (d * Gp + qd_words<G>(static_cast<int>(d)) + 2 * nb * Gp + mma_words_b(g, mma) + mma_words_w(g, mma) + d + G * d + G * nb + 5 * G + 2 +
             3 * nb + d + 1 + 2 * nb * d1 + 3) /
            4 * 4;
   }
@@ -288,7 +314,7 @@ struct DecodeShared {
     const int d = g.head_dim, nb = g.block;
     qs = reinterpret_cast<float*>(s);
     qd = qs + d * Gp;
-    wq = qd + d * Gp;
+    wq = qd + qd_words<G>(d);
     pk = wq + nb * Gp;
     bfrag = reinterpret_cast<std::uint32_t*>(pk + nb * Gp);
     wh = bfrag + mma_words_b(g, mma);
@@ -515,7 +541,7 @@ __device__ inline void dot32(const std::uint32_t* words, const float* v, float* 
 // a time: one load for 32 codes at 4 bits, 64 at 2, three loads for 128 at 3.
 template <int G, int B>
 __device__ inline void score_codes_vec(const std::uint32_t* row, int d, const float* qd, float* s, int& c) {
-  constexpr int Gp = kPadded<G>, VW = B == 3 ? 12 : 4, VC = VW * 32 / B;
+  constexpr int VW = B == 3 ? 12 : 4, VC = VW * 32 / B;
   for (; c + VC <= d; c += VC) {
     const auto* v = reinterpret_cast<const uint4*>(row + c * B / 32);
     std::uint32_t w[VW];
@@ -528,15 +554,15 @@ __device__ inline void score_codes_vec(const std::uint32_t* row, int d, const fl
       w[4 * k + 3] = x.w;
     }
 #pragma unroll
-    for (int i = 0; i < VW / B; ++i) dot32w<G, B>(w + i * B, qd + (c + 32 * i) * Gp, s);
+    for (int i = 0; i < VW / B; ++i) dot32w<G, B>(w + i * B, qd + qoff<G>(c + 32 * i), s);
   }
 }
 
 // The score of a quantized row against the group: codes (staged words) times
-// q * delta, in chunks of 32 channels, then one code at a time.
+// q * delta (qd: channel c at qoff<G>(c)), in chunks of 32 channels, then one
+// code at a time.
 template <int G>
 __device__ inline void score_codes(const std::uint32_t* row, int bits, int d, const float* qd, float* s) {
-  constexpr int Gp = kPadded<G>;
   int c = 0;
   if (aligned16(row)) {
     if (bits == 4)
@@ -549,14 +575,14 @@ __device__ inline void score_codes(const std::uint32_t* row, int bits, int d, co
   for (; c + 32 <= d; c += 32) {  // a chunk of 32 codes starts on a word
     const std::uint32_t* w = row + c * bits / 32;
     if (bits == 4)
-      dot32<G, 4>(w, qd + c * Gp, s);
+      dot32<G, 4>(w, qd + qoff<G>(c), s);
     else if (bits == 3)
-      dot32<G, 3>(w, qd + c * Gp, s);
+      dot32<G, 3>(w, qd + qoff<G>(c), s);
     else
-      dot32<G, 2>(w, qd + c * Gp, s);
+      dot32<G, 2>(w, qd + qoff<G>(c), s);
   }
   const auto* bytes = reinterpret_cast<const std::uint8_t*>(row);
-  for (; c < d; ++c) axpy_group<G>(qd + c * Gp, code_float(packed_code(bytes, c, bits)), s);
+  for (; c < d; ++c) axpy_group<G>(qd + qoff<G>(c), code_float(packed_code(bytes, c, bits)), s);
 }
 
 // The score of an fp16 row (row[c] for c < d) against the group: 16 bytes
@@ -807,7 +833,7 @@ __global__ void __launch_bounds__(kDecodeThreads, kMmaBits ? kDecodeBlocksPerSmM
         const int c = x / Gp, j = x % Gp;
         const QuantParams pc = kpar[c];
         if (j == 0) S.kmin[c] = h2f(pc.min);
-        S.qd[x] = S.qs[x] * h2f(pc.delta);
+        S.qd[qoff<G>(c) + j] = S.qs[x] * h2f(pc.delta);
       }
     if (coded)  // the bias q . min, from the staged parameters (no barrier for kmin)
       for (int j = warp; j < G; j += warps) {
@@ -887,30 +913,44 @@ __global__ void __launch_bounds__(kDecodeThreads, kMmaBits ? kDecodeBlocksPerSmM
 #pragma unroll
           for (int j = 0; j < G; ++j) S.p[j * nb + S.kt[r]] = s[j];
       }
-    for (int x = kMma && coded ? n : tid; x < n; x += nt) {  // (tensor cores: pages without codes)
+    // P lanes a row (score_parts), each over d / P channels (P > 1: a
+    // multiple of 32, so that qoff splits), their sums added by shuffles; the
+    // block takes the rows in rounds, every lane of a warp in each (the
+    // shuffles), a row's lanes in one warp.
+    const int P = coded ? score_parts(g, kMma) : 1, lp = P == 4 ? 2 : 0, dp = d >> lp;
+    const int rounds = kMma && coded ? 0 : (P * n + nt - 1) / nt;
+    for (int k = 0; k < rounds; ++k) {  // (tensor cores: pages without codes)
+      const int task = k * nt + tid, x = task >> lp, part = task & (P - 1);
       float s[G];
-      int t;
+#pragma unroll
+      for (int j = 0; j < G; ++j) s[j] = 0.0f;
+      int t = 0;
       if (x < Q) {
         t = S.qt[x];
+        if (part == 0)
 #pragma unroll
-        for (int j = 0; j < G; ++j) s[j] = S.bias[j];
-        score_codes<G>(S.kstage + lay.codes + x * lay.code_stride, bits, d, S.qd, s);
-        for (int e = 0; e < d1; ++e) {  // expander entries: x replaces min_c
+          for (int j = 0; j < G; ++j) s[j] = S.bias[j];
+        score_codes<G>(S.kstage + lay.codes + x * lay.code_stride + part * (dp * bits / 32), bits, dp,
+                       S.qd + qoff<G>(part * dp), s);
+        for (int e = part; e < d1; e += P) {  // expander entries: x replaces min_c
           const int c = S.mask[t * d1 + e];
           axpy_group<G>(S.qs + c * Gp, h2f(ks[x * d1 + e]) - S.kmin[c], s);
         }
-      } else {
+      } else if (x < n) {
         const int r = x - Q;
         t = S.kt[r];
-#pragma unroll
-        for (int j = 0; j < G; ++j) s[j] = 0.0f;
-        score_halves<G>(kk + static_cast<std::int64_t>(r) * kk_stride, d, S.qs, s);
+        score_halves<G>(kk + static_cast<std::int64_t>(r) * kk_stride + part * dp, dp, S.qs + part * dp * Gp, s);
       }
+      for (int o = 1; o < P; o <<= 1)
 #pragma unroll
-      for (int j = 0; j < G; ++j) S.p[j * nb + t] = s[j];
-      if (observe && is_res)
+        for (int j = 0; j < G; ++j) s[j] += __shfl_xor_sync(0xffffffffu, s[j], o);
+      if (x < n && part == 0) {
 #pragma unroll
-        for (int j = 0; j < G; ++j) A.res_scores[(static_cast<std::int64_t>(i) * QH + h * G + j) * nb + t] = s[j];
+        for (int j = 0; j < G; ++j) S.p[j * nb + t] = s[j];
+        if (observe && is_res)
+#pragma unroll
+          for (int j = 0; j < G; ++j) A.res_scores[(static_cast<std::int64_t>(i) * QH + h * G + j) * nb + t] = s[j];
+      }
     }
     __syncthreads();
     // 3. The next unit's key side into the stage just read (one stage: this
