@@ -192,7 +192,7 @@ TEST(HexCudaEmulated, FlowMatchesTheHostExecutor) {
 
 // The shapes ThreadSanitizer runs (scripts/test.sh): each kernel path once
 // (codes with entries and kept rows, fp16 pages, residual rows, splits,
-// items of several pages, a row scored by four lanes),
+// items of several pages),
 // with the staging copies landing as late as the kernels allow (a missing
 // wait reads stale data: the outputs differ) and as early (a copy issued
 // into a stage still being read: a race), with two page stages and with one.
@@ -205,7 +205,6 @@ TEST(HexCudaEmulated, SmallFlowForRaceChecks) {
       emu.decode_stages = stages;
       emu::eager_copies = eager;
       run_flow({"hex3", 2, 4, 64, 8, {3, 29}, 5, 2}, emu);  // items of two pages, the second with the residual
-      run_flow({"hex4", 1, 2, 128, 8, {19}, 2, 2}, emu);    // four lanes a row in the score pass (score_parts)
       run_flow({"fp16", 1, 2, 32, 8, {9}, 2, 0}, emu);
       emu.tensor_cores = true;
       run_flow({"hex4", 1, 2, 64, 8, {3, 29}, 3, 2}, emu);

@@ -173,6 +173,8 @@ __global__ void __launch_bounds__(kTopkThreads)
 
 constexpr int kGatherThreads = 128, kGatherRowsPerBlock = 32, kGatherLoads = 4;
 
+__device__ inline bool aligned16(const void* p) { return (reinterpret_cast<std::uintptr_t>(p) & 15u) == 0; }
+
 // Grid (lists, ceil(max_k / 32)): each block copies up to 32 rows of one
 // list. Reads of mapped host memory cross the link one request at a time and
 // are bound by how many are in flight, not by the link's rate; so rows that

@@ -210,61 +210,26 @@ __host__ __device__ inline bool mma_geometry(const HexPageGeometry& g) {
   return (g.bits == 4 || g.bits == 2) && g.head_dim % 64 == 0 && g.head_dim <= kMaxHeadDim;
 }
 
-// Words of a staged row of `bytes` bytes: 4 mod 8 where rows are whole
-// 16-byte chunks (copied 16 bytes at a time, read 16 bytes a thread: the 8
-// threads of a quarter warp reading 8 rows hit 32 different banks), else odd
-// (copied and read a word at a time: 32 rows in 32 banks).
-__host__ __device__ inline int stage_words(int bytes) { return bytes % 16 == 0 ? mma_words(bytes) : odd_words(bytes); }
-__host__ __device__ inline int round4(int words) { return (words + 3) & ~3; }
-
-// Lanes per quantized row in the score pass on the CUDA cores: 4 where head_dim
-// is 128 and the codes are 4 or 3 bits (a lane per 32 channels: 4 x 96 rows
-// spread evenly over 128 threads, where a thread per row leaves a warp idle;
-// code rows staged unpadded, the 4 lanes of a row reading its 4 or 3 words
-// from different banks), else 1.
-__host__ __device__ inline int score_parts(const HexPageGeometry& g, bool mma) {
-  return !mma && g.head_dim == 128 && (g.bits == 4 || g.bits == 3) ? 4 : 1;
-}
-
-// Where the stage buffer (32-bit words) holds one side of a page. Every
-// region starts on 16 bytes and holds its page array rounded up to 16 bytes
-// (the page's arrays are padded so: regions are copied in 16-byte chunks).
+// Where the stage buffer (32-bit words) holds one side of a page.
 struct StageLayout {
   int kept_stride = 0, code_stride = 0;             // words per staged row
   int kept = 0, codes = 0, params = 0, sparse = 0;  // offsets in words
   int index = 0, words = 0;
   __host__ __device__ explicit StageLayout(const HexPageGeometry& g, bool mma = false) {
     const int cap = g.kept_capacity, nb = g.block, d = g.head_dim;
-    kept_stride = stage_words(2 * d);
-    code_stride = g.bits == 0           ? 0
-                  : mma                   ? mma_words(g.row_bytes())
-                  : score_parts(g, false) > 1 ? g.row_bytes() / 4
-                                          : stage_words(g.row_bytes());
-    codes = round4(kept + cap * kept_stride);
-    params = round4(codes + nb * code_stride);
-    sparse = params + (g.bits == 0 ? 0 : round4(d > nb ? d : nb));
-    index = sparse + (g.bits == 0 ? 0 : round4((nb * g.mask_degree + 1) / 2));
-    words = index + (g.bits == 0 ? 0 : round4((cap + 1) / 2));
+    kept_stride = odd_words(2 * d);
+    code_stride = g.bits == 0 ? 0 : mma ? mma_words(g.row_bytes()) : odd_words(g.row_bytes());
+    codes = kept + cap * kept_stride;
+    params = codes + nb * code_stride;
+    sparse = params + (g.bits == 0 ? 0 : (d > nb ? d : nb));
+    index = sparse + (g.bits == 0 ? 0 : (nb * g.mask_degree + 1) / 2);
+    words = index + (g.bits == 0 ? 0 : (cap + 1) / 2);
   }
 };
 
 // Queries padded to a multiple of 4 per channel (16-byte loads).
 template <int G>
 constexpr int kPadded = (G + 3) / 4 * 4;
-
-// Where channel c's scaled queries start in the score factors q delta:
-// channels in blocks of 32, each block 4 words after the last, so that the
-// lanes scoring different blocks of 32 channels (score_parts) read them from
-// different banks.
-template <int G>
-__host__ __device__ constexpr int qoff(int c) {
-  return c * kPadded<G> + (c >> 5) * 4;
-}
-template <int G>
-__host__ __device__ constexpr int qd_words(int d) {
-  return qoff<G>(d) + 4;
-}
-
 
 // Column tiles of the tensor-core score product: the hi and lo parts of
 // groups up to 4 share one tile of 8 columns, larger groups take two.
@@ -280,7 +245,7 @@ __host__ __device__ inline int mma_weight_words(const HexPageGeometry& g) { retu
 template <int G>
 struct DecodeShared {
   static constexpr int Gp = kPadded<G>;
-  float *qs, *qd, *wq, *pk;  // [d][Gp], channel c at qoff<G>(c), [nb][Gp], [nb][Gp]
+  float *qs, *qd, *wq, *pk;  // [d][Gp], [d][Gp], [nb][Gp], [nb][Gp]
   // Tensor cores only: the score product's B fragments in lane order,
   // [d / 16][kScoreTiles][32 lanes][2 words]; the value weights, rows 0-7 the
   // hi parts of queries 0-7 and rows 8-15 their lo parts, [16][weight words].
@@ -301,20 +266,16 @@ struct DecodeShared {
     return mma ? 16 * static_cast<std::size_t>(mma_weight_words(g)) : 0;
   }
   __host__ __device__ static std::size_t bytes(const HexPageGeometry& g, int stages = 2, bool mma = false) {
-    return (head_words(g, mma) + static_cast<std::size_t>(stages) * StageLayout(g, mma).words) * 4;
-  }
-  // Words before the stages (rounded up to 16 bytes: the stages are copied in 16-byte chunks).
-  __host__ __device__ static std::size_t head_words(const HexPageGeometry& g, bool mma) {
     const std::size_t d = g.head_dim, nb = g.block, d1 = g.bits == 0 ? 0 : g.mask_degree;
-    return (d * Gp + qd_words<G>(static_cast<int>(d)) + 2 * nb * Gp + mma_words_b(g, mma) + mma_words_w(g, mma) + d + G * d + G * nb + 5 * G + 2 +
-            3 * nb + d + 1 + 2 * nb * d1 + 3) /
-           4 * 4;
+    return (2 * d * Gp + 2 * nb * Gp + mma_words_b(g, mma) + mma_words_w(g, mma) + d + G * d + G * nb + 5 * G + 2 +
+            3 * nb + d + 1 + 2 * nb * d1 + static_cast<std::size_t>(stages) * StageLayout(g, mma).words) *
+           4;
   }
   __device__ DecodeShared(unsigned char* s, const HexPageGeometry& g, int stages, bool mma = false) {
     const int d = g.head_dim, nb = g.block;
     qs = reinterpret_cast<float*>(s);
     qd = qs + d * Gp;
-    wq = qd + qd_words<G>(d);
+    wq = qd + d * Gp;
     pk = wq + nb * Gp;
     bfrag = reinterpret_cast<std::uint32_t*>(pk + nb * Gp);
     wh = bfrag + mma_words_b(g, mma);
@@ -333,7 +294,7 @@ struct DecodeShared {
     col_ptr = tq + nb;
     col = col_ptr + d + 1;
     mask = col + nb * (g.bits == 0 ? 0 : g.mask_degree);
-    kstage = reinterpret_cast<std::uint32_t*>(s) + head_words(g, mma);
+    kstage = reinterpret_cast<std::uint32_t*>(mask + nb * (g.bits == 0 ? 0 : g.mask_degree));
     vstage = stages == 2 ? kstage + StageLayout(g, mma).words : kstage;
   }
 };
@@ -352,18 +313,6 @@ __device__ inline void copy_word(std::uint32_t* dst, const std::uint32_t* src) {
   *dst = *src;
 #endif
 }
-// Sixteen bytes global -> shared, both 16-byte aligned (cp.async.cg: the
-// page is read once, not kept in L1).
-__device__ inline void copy_chunk(std::uint32_t* dst, const std::uint32_t* src) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  const auto s = static_cast<unsigned>(__cvta_generic_to_shared(dst));
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(s), "l"(src) : "memory");
-#elif defined(KVCAL_CUDA_EMULATION)
-  for (int k = 0; k < 4; ++k) ::kvcal::emu::async_copy(dst + k, src + k);
-#else
-  *reinterpret_cast<uint4*>(dst) = *reinterpret_cast<const uint4*>(src);
-#endif
-}
 __device__ inline void copy_commit() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
   asm volatile("cp.async.commit_group;\n" ::: "memory");
@@ -380,15 +329,15 @@ __device__ inline void copy_wait_prior() {
 #endif
 }
 
-// A thread's share of copying rows of w units (words or 16-byte chunks)
-// with nt threads: its first row and unit, and the rows and units it steps
-// by. The quotients come from a float reciprocal, exact for these small
-// integers (tid, nt < 2^16 and w >= 1: each quotient's fraction is at least
-// 0.5 / w from the next integer, far above the product's rounding error); a
-// runtime integer division per quotient cost 4% of the decode's instructions.
+// A thread's share of copying rows of w = row_bytes / 4 words with nt
+// threads: its first row and word, and the rows and words it steps by. The
+// quotients come from a float reciprocal, exact for these small integers
+// (tid, nt < 2^16 and w >= 1: each quotient's fraction is at least 0.5 / w
+// from the next integer, far above the product's rounding error); a runtime
+// integer division per quotient cost 4% of the decode's instructions.
 struct RowShare {
   int w, r0, k0, dr, dk;
-  __device__ RowShare(int units, int tid, int nt) : w(units) {
+  __device__ RowShare(int row_bytes, int tid, int nt) : w(row_bytes / 4) {
     const float inv = 1.0f / static_cast<float>(w > 0 ? w : 1);
     r0 = static_cast<int>((static_cast<float>(tid) + 0.5f) * inv);
     dr = static_cast<int>((static_cast<float>(nt) + 0.5f) * inv);
@@ -397,15 +346,10 @@ struct RowShare {
   }
 };
 
-// Copies one contiguous run of `bytes` bytes to dst: 16-byte chunks where
-// both ends are 16-byte aligned (the run rounded up to 16 bytes: the page's
-// arrays and the stage's regions are padded so), else asynchronous 32-bit
-// copies when it allows, else bytes.
+// Copies one contiguous run of `bytes` bytes to dst: asynchronous 32-bit
+// copies when it allows, bytes otherwise.
 __device__ inline void stage_run(std::uint32_t* dst, const std::uint8_t* src, int bytes, int tid, int nt) {
-  if (aligned16(src) && aligned16(dst)) {
-    const auto* s = reinterpret_cast<const std::uint32_t*>(src);
-    for (int x = tid; x < (bytes + 15) / 16; x += nt) copy_chunk(dst + 4 * x, s + 4 * x);
-  } else if (bytes % 4 == 0 && (reinterpret_cast<std::uintptr_t>(src) & 3u) == 0) {
+  if (bytes % 4 == 0 && (reinterpret_cast<std::uintptr_t>(src) & 3u) == 0) {
     const auto* s = reinterpret_cast<const std::uint32_t*>(src);
     for (int x = tid; x < bytes / 4; x += nt) copy_word(dst + x, s + x);
   } else {
@@ -415,39 +359,14 @@ __device__ inline void stage_run(std::uint32_t* dst, const std::uint8_t* src, in
 }
 
 // Copies `rows` rows of `row_bytes` bytes (contiguous at src) to dst, row r at
-// word r * stride: 16-byte chunks when the rows and both ends allow, else
-// asynchronous 32-bit copies when the rows allow, else bytes.
+// word r * stride: asynchronous 32-bit copies when the rows allow, bytes
+// otherwise.
 __device__ inline void stage_rows(std::uint32_t* dst, int stride, const std::uint8_t* src, int rows, int row_bytes,
                                   int tid, int nt) {
   if (rows <= 0 || row_bytes <= 0) return;
-  const auto* s = reinterpret_cast<const std::uint32_t*>(src);
-  if (row_bytes % 16 == 0 && stride % 4 == 0 && aligned16(src) && aligned16(dst)) {
-    const RowShare sh(row_bytes / 16, tid, nt);
-    if (sh.dk == 0) {  // the same chunk of every dr-th row: pointers step, no index arithmetic
-      const std::uint32_t* sp = s + 4 * (sh.r0 * sh.w + sh.k0);
-      std::uint32_t* dp = dst + sh.r0 * stride + 4 * sh.k0;
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-      auto sa = static_cast<unsigned>(__cvta_generic_to_shared(dp));
-      const unsigned step = 4u * static_cast<unsigned>(sh.dr * stride);
-      for (int r = sh.r0; r < rows; r += sh.dr, sa += step, sp += 4 * nt)
-        asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(sa), "l"(sp) : "memory");
-#else
-      for (int r = sh.r0; r < rows; r += sh.dr, dp += sh.dr * stride, sp += 4 * nt) copy_chunk(dp, sp);
-#endif
-      return;
-    }
-    int r = sh.r0, k = sh.k0;
-    for (int x = tid; x < rows * sh.w; x += nt) {
-      copy_chunk(dst + r * stride + 4 * k, s + 4 * x);
-      r += sh.dr;
-      k += sh.dk;
-      if (k >= sh.w) {
-        k -= sh.w;
-        ++r;
-      }
-    }
-  } else if (row_bytes % 4 == 0 && (reinterpret_cast<std::uintptr_t>(src) & 3u) == 0) {
-    const RowShare sh(row_bytes / 4, tid, nt);
+  if (row_bytes % 4 == 0 && (reinterpret_cast<std::uintptr_t>(src) & 3u) == 0) {
+    const RowShare sh(row_bytes, tid, nt);
+    const auto* s = reinterpret_cast<const std::uint32_t*>(src);
     if (sh.dk == 0) {  // the same word of every dr-th row: pointers step, no index arithmetic
       const std::uint32_t* sp = s + sh.r0 * sh.w + sh.k0;
       std::uint32_t* dp = dst + sh.r0 * stride + sh.k0;
@@ -515,10 +434,13 @@ __device__ inline void axpy_group2(const float* v, float x0, float x1, float* s0
 }
 
 // s[j] += sum over channels [c0, c0 + 32) of v[c][j] * code_c, the 32 codes
-// in the B consecutive words w (B bits each, little-endian).
+// in B consecutive words (B bits each, little-endian).
 template <int G, int B>
-__device__ inline void dot32w(const std::uint32_t* w, const float* v, float* s) {
+__device__ inline void dot32(const std::uint32_t* words, const float* v, float* s) {
   constexpr int Gp = kPadded<G>;
+  std::uint32_t w[B];
+#pragma unroll
+  for (int k = 0; k < B; ++k) w[k] = words[k];
 #pragma unroll
   for (int i = 0; i < 32; ++i) {
     constexpr unsigned mask = (1u << B) - 1u;
@@ -528,86 +450,40 @@ __device__ inline void dot32w(const std::uint32_t* w, const float* v, float* s) 
     axpy_group<G>(v + i * Gp, code_float(c & mask), s);
   }
 }
-template <int G, int B>
-__device__ inline void dot32(const std::uint32_t* words, const float* v, float* s) {
-  std::uint32_t w[B];
-#pragma unroll
-  for (int k = 0; k < B; ++k) w[k] = words[k];
-  dot32w<G, B>(w, v, s);
-}
-
-// Chunks of 32 codes at B bits from a 16-byte aligned row (rows staged 16
-// bytes apart, 4 mod 8 words: conflict-free 16-byte loads), 128 / B words at
-// a time: one load for 32 codes at 4 bits, 64 at 2, three loads for 128 at 3.
-template <int G, int B>
-__device__ inline void score_codes_vec(const std::uint32_t* row, int d, const float* qd, float* s, int& c) {
-  constexpr int VW = B == 3 ? 12 : 4, VC = VW * 32 / B;
-  for (; c + VC <= d; c += VC) {
-    const auto* v = reinterpret_cast<const uint4*>(row + c * B / 32);
-    std::uint32_t w[VW];
-#pragma unroll
-    for (int k = 0; k < VW / 4; ++k) {
-      const uint4 x = v[k];
-      w[4 * k] = x.x;
-      w[4 * k + 1] = x.y;
-      w[4 * k + 2] = x.z;
-      w[4 * k + 3] = x.w;
-    }
-#pragma unroll
-    for (int i = 0; i < VW / B; ++i) dot32w<G, B>(w + i * B, qd + qoff<G>(c + 32 * i), s);
-  }
-}
 
 // The score of a quantized row against the group: codes (staged words) times
-// q * delta (qd: channel c at qoff<G>(c)), in chunks of 32 channels, then one
-// code at a time.
+// q * delta, in chunks of 32 channels, then one code at a time.
 template <int G>
 __device__ inline void score_codes(const std::uint32_t* row, int bits, int d, const float* qd, float* s) {
+  constexpr int Gp = kPadded<G>;
   int c = 0;
-  if (aligned16(row)) {
-    if (bits == 4)
-      score_codes_vec<G, 4>(row, d, qd, s, c);
-    else if (bits == 3)
-      score_codes_vec<G, 3>(row, d, qd, s, c);
-    else
-      score_codes_vec<G, 2>(row, d, qd, s, c);
-  }
   for (; c + 32 <= d; c += 32) {  // a chunk of 32 codes starts on a word
     const std::uint32_t* w = row + c * bits / 32;
     if (bits == 4)
-      dot32<G, 4>(w, qd + qoff<G>(c), s);
+      dot32<G, 4>(w, qd + c * Gp, s);
     else if (bits == 3)
-      dot32<G, 3>(w, qd + qoff<G>(c), s);
+      dot32<G, 3>(w, qd + c * Gp, s);
     else
-      dot32<G, 2>(w, qd + qoff<G>(c), s);
+      dot32<G, 2>(w, qd + c * Gp, s);
   }
   const auto* bytes = reinterpret_cast<const std::uint8_t*>(row);
-  for (; c < d; ++c) axpy_group<G>(qd + qoff<G>(c), code_float(packed_code(bytes, c, bits)), s);
+  for (; c < d; ++c) axpy_group<G>(qd + c * Gp, code_float(packed_code(bytes, c, bits)), s);
 }
 
-// The score of an fp16 row (row[c] for c < d) against the group: 16 bytes
-// at a time where the row is 16-byte aligned (staged rows, residual rows).
+// The score of an fp16 row (row[c] for c < d) against the group.
 template <int G>
 __device__ inline void score_halves(const half_bits* row, int d, const float* qs, float* s) {
   constexpr int Gp = kPadded<G>;
-  int c = 0;
-  const auto pair = [&](std::uint32_t x, int c) {
-    axpy_group<G>(qs + c * Gp, h2f(static_cast<half_bits>(x & 0xffffu)), s);
-    axpy_group<G>(qs + (c + 1) * Gp, h2f(static_cast<half_bits>(x >> 16)), s);
-  };
-  if (aligned16(row))
-    for (; c + 8 <= d; c += 8) {
-      const uint4 x = *reinterpret_cast<const uint4*>(row + c);
-      pair(x.x, c);
-      pair(x.y, c + 2);
-      pair(x.z, c + 4);
-      pair(x.w, c + 6);
-    }
-  if ((reinterpret_cast<std::uintptr_t>(row) & 3u) == 0) {
+  if (d % 2 == 0 && (reinterpret_cast<std::uintptr_t>(row) & 3u) == 0) {
     const auto* w = reinterpret_cast<const std::uint32_t*>(row);
-    for (; c + 2 <= d; c += 2) pair(w[c / 2], c);
+    for (int c = 0; c < d; c += 2) {
+      const std::uint32_t x = w[c / 2];
+      axpy_group<G>(qs + c * Gp, h2f(static_cast<half_bits>(x & 0xffffu)), s);
+      axpy_group<G>(qs + (c + 1) * Gp, h2f(static_cast<half_bits>(x >> 16)), s);
+    }
+  } else {
+    for (int c = 0; c < d; ++c) axpy_group<G>(qs + c * Gp, h2f(row[c]), s);
   }
-  for (; c < d; ++c) axpy_group<G>(qs + c * Gp, h2f(row[c]), s);
 }
 
 // Whether pages of this geometry carry expander entries (and the decode the
@@ -833,7 +709,7 @@ __global__ void __launch_bounds__(kDecodeThreads, kMmaBits ? kDecodeBlocksPerSmM
         const int c = x / Gp, j = x % Gp;
         const QuantParams pc = kpar[c];
         if (j == 0) S.kmin[c] = h2f(pc.min);
-        S.qd[qoff<G>(c) + j] = S.qs[x] * h2f(pc.delta);
+        S.qd[x] = S.qs[x] * h2f(pc.delta);
       }
     if (coded)  // the bias q . min, from the staged parameters (no barrier for kmin)
       for (int j = warp; j < G; j += warps) {
@@ -913,44 +789,30 @@ __global__ void __launch_bounds__(kDecodeThreads, kMmaBits ? kDecodeBlocksPerSmM
 #pragma unroll
           for (int j = 0; j < G; ++j) S.p[j * nb + S.kt[r]] = s[j];
       }
-    // P lanes a row (score_parts), each over d / P channels (P > 1: a
-    // multiple of 32, so that qoff splits), their sums added by shuffles; the
-    // block takes the rows in rounds, every lane of a warp in each (the
-    // shuffles), a row's lanes in one warp.
-    const int P = coded ? score_parts(g, kMma) : 1, lp = P == 4 ? 2 : 0, dp = d >> lp;
-    const int rounds = kMma && coded ? 0 : (P * n + nt - 1) / nt;
-    for (int k = 0; k < rounds; ++k) {  // (tensor cores: pages without codes)
-      const int task = k * nt + tid, x = task >> lp, part = task & (P - 1);
+    for (int x = kMma && coded ? n : tid; x < n; x += nt) {  // (tensor cores: pages without codes)
       float s[G];
-#pragma unroll
-      for (int j = 0; j < G; ++j) s[j] = 0.0f;
-      int t = 0;
+      int t;
       if (x < Q) {
         t = S.qt[x];
-        if (part == 0)
 #pragma unroll
-          for (int j = 0; j < G; ++j) s[j] = S.bias[j];
-        score_codes<G>(S.kstage + lay.codes + x * lay.code_stride + part * (dp * bits / 32), bits, dp,
-                       S.qd + qoff<G>(part * dp), s);
-        for (int e = part; e < d1; e += P) {  // expander entries: x replaces min_c
+        for (int j = 0; j < G; ++j) s[j] = S.bias[j];
+        score_codes<G>(S.kstage + lay.codes + x * lay.code_stride, bits, d, S.qd, s);
+        for (int e = 0; e < d1; ++e) {  // expander entries: x replaces min_c
           const int c = S.mask[t * d1 + e];
           axpy_group<G>(S.qs + c * Gp, h2f(ks[x * d1 + e]) - S.kmin[c], s);
         }
-      } else if (x < n) {
+      } else {
         const int r = x - Q;
         t = S.kt[r];
-        score_halves<G>(kk + static_cast<std::int64_t>(r) * kk_stride + part * dp, dp, S.qs + part * dp * Gp, s);
+#pragma unroll
+        for (int j = 0; j < G; ++j) s[j] = 0.0f;
+        score_halves<G>(kk + static_cast<std::int64_t>(r) * kk_stride, d, S.qs, s);
       }
-      for (int o = 1; o < P; o <<= 1)
 #pragma unroll
-        for (int j = 0; j < G; ++j) s[j] += __shfl_xor_sync(0xffffffffu, s[j], o);
-      if (x < n && part == 0) {
+      for (int j = 0; j < G; ++j) S.p[j * nb + t] = s[j];
+      if (observe && is_res)
 #pragma unroll
-        for (int j = 0; j < G; ++j) S.p[j * nb + t] = s[j];
-        if (observe && is_res)
-#pragma unroll
-          for (int j = 0; j < G; ++j) A.res_scores[(static_cast<std::int64_t>(i) * QH + h * G + j) * nb + t] = s[j];
-      }
+        for (int j = 0; j < G; ++j) A.res_scores[(static_cast<std::int64_t>(i) * QH + h * G + j) * nb + t] = s[j];
     }
     __syncthreads();
     // 3. The next unit's key side into the stage just read (one stage: this

@@ -35,7 +35,4 @@ __device__ inline unsigned char* dynamic_shared() {
 }
 #endif
 
-// Whether p is on a 16-byte boundary (16-byte copies and loads).
-__device__ inline bool aligned16(const void* p) { return (reinterpret_cast<std::uintptr_t>(p) & 15u) == 0; }
-
 }  // namespace kvcal::runtime::cuda::kernels
