@@ -12,6 +12,10 @@
 #   scripts/gpu_check.sh bench [OUT_DIR]  # GPU machine: build, benchmarks (bench_hex_cuda, torch SDPA)
 #   scripts/gpu_check.sh run [OUT_DIR]    # test, then bench (results into OUT_DIR, default out/gpu/results)
 #   scripts/gpu_check.sh build            # the build step alone (any machine with nvcc)
+#   scripts/gpu_check.sh spills           # with nvcc, no GPU needed: registers, stack and
+#                                         # spills of each decode kernel (ptxas -v, sm_90 or
+#                                         # CUDA_ARCH); spills in the page loop cost more than
+#                                         # they save (see the README's GPU section)
 #   scripts/gpu_check.sh pack             # with nvcc, no GPU needed: build, then the binaries
 #                                         # and the libraries they need into out/gpu/bin
 #                                         # (BASE=<commit>: also that commit's benchmark
@@ -49,6 +53,23 @@ build() {
   cmake -S tests/cuda/standalone -B "$tree" -G Ninja -DCMAKE_BUILD_TYPE=Release \
     -DCMAKE_PREFIX_PATH="$prefix/usr" -DCMAKE_CUDA_ARCHITECTURES="${CUDA_ARCH:-90}" >/dev/null
   cmake --build "$tree" -j "$(nproc)"
+}
+
+spills() {
+  command -v nvcc >/dev/null || export PATH=/usr/local/cuda/bin:$PATH
+  local o
+  o=$(mktemp -d)
+  nvcc -O3 -DNDEBUG -std=c++17 -Ilib/src -Ilib/include --generate-code=arch=compute_${CUDA_ARCH:-90},code=sm_${CUDA_ARCH:-90} \
+    -Xptxas -v -x cu -c lib/src/runtime/cuda/hex_decode.cu -o "$o/hex_decode.o" 2>"$o/ptxas.txt" ||
+    { cat "$o/ptxas.txt" >&2; rm -rf "$o"; return 1; }
+  # ptxas prints, per kernel: "Compiling entry function '<mangled>'", then
+  # the stack and spills, then the registers.
+  awk '/Compiling entry function/ { k = ""; if (match($0, /hex_decode_kernelILi[0-9]+ELi[0-9]+E/)) {
+         split(substr($0, RSTART, RLENGTH), a, /ILi|ELi|E/); k = sprintf("hex_decode_kernel<G=%s, mma bits %s>", a[2], a[3]) } }
+       k != "" && /spill/ { sp = $0; sub(/^.*: */, "", sp) }
+       k != "" && /Used [0-9]+ registers/ { match($0, /Used [0-9]+ registers/); printf "%-36s %s, %s\n", k, substr($0, RSTART, RLENGTH), sp; k = "" }' \
+    "$o/ptxas.txt"
+  rm -rf "$o"
 }
 
 # The benchmark binary of commit $BASE (a worktree in build/gpu-base-src, its
@@ -173,6 +194,7 @@ device_all() {  # the prebuilt binaries of 'pack'
 case "${1:-}" in
   fetch) fetch ;;
   build) build ;;
+  spills) spills ;;
   pack) pack ;;
   device) device_all "${2:-}" ;;
   test) test_all "${2:-}" ;;

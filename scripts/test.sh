@@ -12,6 +12,10 @@ jobs=$(nproc)
 scripts/build.sh release
 ctest --test-dir build/release --output-on-failure -j "$jobs"
 
+# The decode kernels' registers and spills as ptxas reports them (no GPU
+# needed), where nvcc is: a change that makes the page loop spill is slower.
+if command -v nvcc >/dev/null || [[ -x /usr/local/cuda/bin/nvcc ]]; then scripts/gpu_check.sh spills; fi
+
 # The SIMD kernels under valgrind's memcheck, on every target the emulated
 # CPU offers (valgrind hides AVX-512): this covers the row-unrolled kernels,
 # which the sanitizer builds below leave out (see kernels_cpu.cpp).
