@@ -19,8 +19,11 @@
 #   scripts/gpu_check.sh pack             # with nvcc, no GPU needed: build, then the binaries
 #                                         # and the libraries they need into out/gpu/bin
 #                                         # (BASE=<commit>: also that commit's benchmark
-#                                         # binary, out/gpu/bin/bench_base)
-#   scripts/gpu_check.sh device [OUT_DIR] # GPU machine, out/gpu/bin carried there: tests,
+#                                         # binary, out/gpu/bin/bench_base), and all of it
+#                                         # stripped and xz-compressed in out/gpu/bin.txz
+#                                         # (a third of the size: what to copy over)
+#   scripts/gpu_check.sh device [OUT_DIR] # GPU machine, out/gpu/bin (or out/gpu/bin.txz, unpacked
+#                                         # first) carried there: tests,
 #                                         # compute-sanitizer, benchmarks (four groups, one
 #                                         # JSON each); no build, each step under a time
 #                                         # limit (STEP_LIMIT seconds, default 150; half that
@@ -100,6 +103,14 @@ pack() {
     xargs -r cp -L -t "$bin"/
   du -sh "$bin"
   ls "$bin"
+  # Host symbols stripped (the device code and line tables are kept), xz.
+  local t
+  t=$(mktemp -d)
+  cp -r "$bin" "$t"/bin
+  strip --strip-unneeded "$t"/bin/kvcal_cuda_tests "$t"/bin/bench_hex_cuda "$t"/bin/bench_base 2>/dev/null || true
+  tar cf - -C "$t" bin | xz -T0 -6 >out/gpu/bin.txz
+  rm -rf "$t"
+  ls -l out/gpu/bin.txz
 }
 
 status=0
@@ -151,6 +162,7 @@ bench_all() {
 }
 
 device_all() {  # the prebuilt binaries of 'pack'
+  if [[ ! -d $bin && -f out/gpu/bin.txz ]]; then tar xf out/gpu/bin.txz -C out/gpu; fi
   out=${1:-out/gpu/results}
   mkdir -p "$out"
   local own=${LD_LIBRARY_PATH:-}  # for torch, which brings its own libraries
