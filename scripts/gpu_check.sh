@@ -67,7 +67,7 @@ spills() {
     { cat "$o/ptxas.txt" >&2; rm -rf "$o"; return 1; }
   # ptxas prints, per kernel: "Compiling entry function '<mangled>'", then
   # the stack and spills, then the registers.
-  awk '/Compiling entry function/ { k = ""; if (match($0, /hex_decode_kernelILi[0-9]+ELi[0-9]+E/)) {
+  awk '/Compiling entry function/ { k = ""; sp = "(no stack line)"; if (match($0, /hex_decode_kernelILi[0-9]+ELi[0-9]+E/)) {
          split(substr($0, RSTART, RLENGTH), a, /ILi|ELi|E/); k = sprintf("hex_decode_kernel<G=%s, mma bits %s>", a[2], a[3]) } }
        k != "" && /spill/ { sp = $0; sub(/^.*: */, "", sp) }
        k != "" && /Used [0-9]+ registers/ { match($0, /Used [0-9]+ registers/); printf "%-36s %s, %s\n", k, substr($0, RSTART, RLENGTH), sp; k = "" }' \
