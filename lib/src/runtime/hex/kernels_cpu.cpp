@@ -2112,11 +2112,13 @@ KVCAL_FLATTEN std::int64_t ScoresIntRows(D8 d8, const std::uint8_t* codes, std::
 // about 20 reduction operations, against 52 reduction operations and 16
 // scalar stores for the row-per-accumulator kernel (ScoresIntRows), whose
 // reductions were most of its work beyond the products (bench_kernels, one
-// block in cache, group 4, on a Zen 5 guest: int8 4-bit 237 -> 184 ns,
-// 2-bit 328 -> 261, int14 4-bit 490 -> 287; with the requests ahead below,
-// 236, 357 and 327). Taken for 4-bit rows (and 3-bit rows widened to 4 bits):
-// hex4@int8 and hex4@int14 decode at a group of 4 on that guest, 5 rounds,
-// 5% and 8% less time; hex2@int8 no faster (+1%), and kcvt4@int8 -1.5%.
+// block in cache, group 4, on a Zen 5 guest: int8 4-bit 247 -> 184 ns,
+// int14 4-bit 485 -> 287; with the requests ahead below, 200 and 341).
+// Taken for 4-bit rows (and 3-bit rows widened to 4 bits); decode at a group
+// of 4 on that guest, 5 interleaved rounds: hex4@int8 5% less time,
+// hex4@int14 9%, kcvt4@int14 5%, but kcvt4@int8 5-6.5% more (cause not
+// found). 2-bit rows keep ScoresIntRows: 20% faster in cache, no faster in
+// the decode.
 // Accumulators per query and phase (kPairs: int16 pair sums, at most
 // kPairSums a lane: 4 run / Lanes(d8) per phase, checked by the caller).
 // Returns the rows done (a multiple of 4); 0 where the packed weights do not
