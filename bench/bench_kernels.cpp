@@ -11,6 +11,8 @@
 //    int14 path, GQA groups above 1, and targets without the unrolled
 //    kernels); kernel/widen3/memory/<ahead> the same from memory, and
 //    kernel/copy3/memory a copy of those bytes.
+//  kernel/run_entries/<group>: the fused per-token kernels of a HEX block's
+//    expander entries, key and value side, for a GQA group.
 //  kernel/softmax: softmax_row over one query's 32K scores (the decode
 //    benchmark's context; 128 KB, in the L2 cache), items = weights.
 // items_per_second counts codes times queries (multiply-adds).
@@ -217,6 +219,41 @@ void entry_diffs(benchmark::State& state) {
   state.SetItemsProcessed(state.iterations() * 94 * d1);
 }
 
+// The fused run kernels of a HEX block for a GQA group of range(0) queries,
+// over entry_diffs' block (96 tokens, 4 entries each, kept tokens 30 and 64,
+// a key table of 128 mins): key_run_scores (bias, integer code part, entries) and
+// value_run_weights (weights, bias sums, entry sums). items = tokens times
+// queries.
+void run_entries(benchmark::State& state) {
+  const std::int64_t nq = state.range(0), d1 = 4, nqr = 94;
+  std::mt19937_64 rng(8);
+  std::normal_distribution<float> g(0.0f, 1.0f);
+  const auto normal = [&](std::int64_t n) {
+    std::vector<float> v(static_cast<std::size_t>(n));
+    for (auto& x : v) x = g(rng);
+    return v;
+  };
+  const std::vector<float> mins = normal(kDim), params = normal(2 * nqr), bias = normal(nq), w = normal(nq),
+                           a = normal(nq * d1 * kRows), p = normal(nq * kRows);
+  std::vector<float> out(static_cast<std::size_t>(nq * kRows)), a_out(static_cast<std::size_t>(nq * nqr)),
+      y(static_cast<std::size_t>(nq * d1 * kRows)), base(static_cast<std::size_t>(nq));
+  std::vector<std::int32_t> idx(static_cast<std::size_t>(d1 * kRows)), qi(static_cast<std::size_t>(nq * nqr));
+  for (auto& v : idx) v = static_cast<std::int32_t>(rng() % static_cast<std::uint64_t>(kDim));
+  for (auto& v : qi) v = static_cast<std::int32_t>(rng() % 20000) - 10000;
+  std::vector<kvcal::runtime::half_bits> x(static_cast<std::size_t>(nqr * d1));
+  for (auto& v : x) v = kvcal::runtime::float_to_half(g(rng));
+  const std::uint16_t kept[2] = {30, 64};  // runs of 30, 33 and 31 quantized tokens
+  for (auto _ : state) {
+    d::key_run_scores(mins.data(), kDim, idx.data(), kRows, x.data(), kept, 2, kRows, d1, nq, bias.data(), w.data(),
+                      qi.data(), nullptr, nqr, a.data(), kRows, out.data(), kRows);
+    d::value_run_weights(params.data(), x.data(), kept, 2, kRows, d1, nq, p.data(), kRows, a_out.data(), nqr, y.data(),
+                         kRows, base.data());
+    benchmark::DoNotOptimize(out.data());
+    benchmark::DoNotOptimize(y.data());
+  }
+  state.SetItemsProcessed(state.iterations() * nqr * nq);
+}
+
 int register_all() {
   kvcal::bench::force_target_from_env();  // KVCAL_BENCH_TARGET (force_target.h)
   benchmark::AddCustomContext("simd_target",
@@ -233,6 +270,7 @@ int register_all() {
   }
   benchmark::RegisterBenchmark("kernel/scores_rows/int8", scores_rows)->Arg(94)->Arg(96);
   benchmark::RegisterBenchmark("kernel/entry_diffs", entry_diffs)->Arg(128)->Arg(129);
+  benchmark::RegisterBenchmark("kernel/run_entries", run_entries)->Arg(1)->Arg(4);
   benchmark::RegisterBenchmark("kernel/widen3", widen3);
   benchmark::RegisterBenchmark("kernel/widen3/memory", widen3_memory)->Arg(0)->Arg(2);
   benchmark::RegisterBenchmark("kernel/copy3/memory", copy3_memory);

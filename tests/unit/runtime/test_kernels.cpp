@@ -298,109 +298,143 @@ TEST(HexKernels, EntryKernelsMatchReference) {
   });
 }
 
-// The per-block weights of the key and value sides against double sums and
-// the slot order written out by hand.
 // The fused run kernels against double sums of their definitions, on every
 // target: query counts that fill and pass the vector path's table of sums,
-// runs that overlap their last vector, integer and float code parts,
-// entries per token inside and past the vectorised range, strides with
-// gaps that stay untouched.
+// blocks without kept tokens and with kept tokens first, last, side by side
+// and spread (runs of every length from 0, overlapping their last vector or
+// short enough for the scalar loop), integer and float code parts, entries
+// per token inside and past the vectorised range, strides with gaps and kept
+// tokens' outputs that stay untouched.
 TEST(HexKernels, FusedRunKernelsMatchReference) {
   on_every_target([] {
     std::mt19937_64 rng(0x72756e73);
     std::normal_distribution<float> g(0.0f, 1.0f);
     const auto n_ = [](i64 k) { return static_cast<std::size_t>(k); };
-    for (const i64 n : {0, 1, 3, 4, 7, 8, 16, 17, 31, 33, 94})
-      for (const i64 grp : {1, 2, 3, 4, 5})
-        for (const i64 nq : {i64{1}, i64{3}, i64{4}, kRunQueries, kRunQueries + 1}) {
-          const i64 tab = n % 2 == 0 ? 128 : 200;
-          const bool integer = (n + nq) % 2 == 0;
-          SCOPED_TRACE("n " + std::to_string(n) + " entries " + std::to_string(grp) + " queries " + std::to_string(nq) +
-                       (integer ? " integer" : " float"));
-          std::vector<float> b(n_(tab)), params(n_(2 * n)), bias(n_(nq)), w(n_(nq));
-          std::vector<half_bits> x(n_(n * grp));
-          std::vector<std::int32_t> idx(n_(n * grp));
-          for (auto& v : b) v = g(rng);
-          for (auto& v : x) v = float_to_half(g(rng));
-          for (auto& v : params) v = g(rng);
-          for (auto& v : idx) v = static_cast<std::int32_t>(rng() % n_(tab));
-          for (auto& v : bias) v = g(rng);
-          for (auto& v : w) v = 1e-3f * g(rng);
-          // Key side.
-          const i64 cs = n + 2, as = n + 1, os = n + 3;
-          std::vector<std::int32_t> qi(n_(nq * cs));
-          std::vector<float> qf(n_(nq * cs)), a(n_(nq * grp * as)), out(n_(nq * os), -7.0f);
-          for (auto& v : qi) v = static_cast<std::int32_t>(rng() % 20001) - 10000;
-          for (auto& v : qf) v = g(rng);
-          for (auto& v : a) v = g(rng);
-          // The mask indices entry-major, with a gap after each entry's.
-          const i64 is = n + 5;
-          std::vector<std::int32_t> idx_em(n_(grp * is), -1);
-          for (i64 i = 0; i < n; ++i)
-            for (i64 e = 0; e < grp; ++e) idx_em[n_(e * is + i)] = idx[n_(i * grp + e)];
-          key_run_scores(b.data(), tab, idx_em.data(), is, x.data(), n, grp, nq, bias.data(), w.data(),
-                         integer ? qi.data() : nullptr, integer ? nullptr : qf.data(), cs, a.data(), as, out.data(),
-                         os);
-          for (i64 j = 0; j < nq; ++j)
-            for (i64 i = 0; i < os; ++i) {
-              const float got = out[n_(j * os + i)];
-              if (i >= n) {
-                ASSERT_EQ(got, -7.0f) << "query " << j << " past the run at " << i;
-                continue;
-              }
-              const double code = integer ? static_cast<double>(w[n_(j)]) * qi[n_(j * cs + i)] : qf[n_(j * cs + i)];
-              double want = bias[n_(j)] + code, mag = std::fabs(bias[n_(j)]) + std::fabs(code);
-              for (i64 e = 0; e < grp; ++e) {
-                const auto src = n_(i * grp + e);
-                const double t = static_cast<double>(a[n_((j * grp + e) * as + i)]) *
-                                 (static_cast<double>(half_to_float(x[src])) - b[n_(idx[src])]);
-                want += t;
-                mag += 2 * std::fabs(t);
-              }
-              ASSERT_NEAR(got, want, 1.2e-7 * static_cast<double>(2 * grp + 4) * mag)
-                  << "query " << j << " token " << i;
-            }
-          // Value side.
-          const i64 ps = n + 1, pa = n + 2, ys = n + 4;
-          std::vector<float> p(n_(nq * ps)), av(n_(nq * pa), -7.0f), y(n_(nq * grp * ys)), base(n_(nq));
-          for (auto& v : p) v = std::fabs(g(rng));
-          for (auto& v : y) v = g(rng);
-          for (auto& v : base) v = g(rng);
-          const auto y0 = y;
-          const auto base0 = base;
-          value_run_weights(params.data(), x.data(), n, grp, nq, p.data(), ps, av.data(), pa, y.data(), ys,
-                            base.data());
-          for (i64 j = 0; j < nq; ++j) {
-            double want = base0[n_(j)], mag = std::fabs(base0[n_(j)]);
-            for (i64 i = 0; i < pa; ++i) {
-              if (i >= n) {
-                ASSERT_EQ(av[n_(j * pa + i)], -7.0f) << "query " << j << " past the run at " << i;
-                continue;
-              }
-              const float pv = p[n_(j * ps + i)];
-              ASSERT_EQ(av[n_(j * pa + i)], pv * params[n_(2 * i)]) << "query " << j << " token " << i;
-              want += static_cast<double>(pv) * params[n_(2 * i + 1)];
-              mag += std::fabs(static_cast<double>(pv) * params[n_(2 * i + 1)]);
-            }
-            ASSERT_NEAR(base[n_(j)], want, 1e-6 * mag + 1e-7) << "query " << j;
-            for (i64 e = 0; e < grp; ++e)
-              for (i64 i = 0; i < ys; ++i) {
-                const auto k = n_((j * grp + e) * ys + i);
-                if (i >= n) {
-                  ASSERT_EQ(y[k], y0[k]) << "query " << j << " entry " << e << " past the run at " << i;
+    // Kept positions: a pattern applied to a block of `tokens` tokens.
+    const auto kept_of = [](int pattern, i64 tokens) {
+      std::vector<std::uint16_t> k;
+      const auto add = [&](i64 t) {
+        if (t >= 0 && t < tokens && (k.empty() || k.back() < t)) k.push_back(static_cast<std::uint16_t>(t));
+      };
+      switch (pattern) {
+        case 1:  // first and last
+          add(0), add(tokens - 1);
+          break;
+        case 2:  // side by side, then one run of 3 (scalar), then the rest
+          add(5), add(6), add(10);
+          break;
+        case 3:  // a HEX block's: spread
+          add(tokens / 3), add(2 * tokens / 3 + 1);
+          break;
+        case 4:  // every token
+          for (i64 t = 0; t < tokens; ++t) add(t);
+          break;
+        default:
+          break;
+      }
+      return k;
+    };
+    for (const i64 tokens : {0, 1, 3, 4, 7, 8, 16, 17, 31, 33, 96})
+      for (int pattern = 0; pattern < 5; ++pattern)
+        for (const i64 grp : {1, 2, 3, 4, 5})
+          for (const i64 nq : {i64{1}, i64{3}, i64{4}, kRunQueries, kRunQueries + 1}) {
+            if (pattern == 4 && grp != 4) continue;
+            const std::vector<std::uint16_t> kept = kept_of(pattern, tokens);
+            const i64 nk = static_cast<i64>(kept.size()), n = tokens - nk;  // n quantized rows
+            std::vector<i64> row_of(n_(tokens), -1);                        // token -> quantized row, -1 kept
+            for (i64 t = 0, r = 0, k = 0; t < tokens; ++t)
+              if (k < nk && kept[n_(k)] == t)
+                ++k;
+              else
+                row_of[n_(t)] = r++;
+            const i64 tab = tokens % 2 == 0 ? 128 : 200;
+            const bool integer = (tokens + nq + pattern) % 2 == 0;
+            SCOPED_TRACE("tokens " + std::to_string(tokens) + " kept " + std::to_string(nk) + " entries " +
+                         std::to_string(grp) + " queries " + std::to_string(nq) + (integer ? " integer" : " float"));
+            std::vector<float> b(n_(tab)), params(n_(2 * n)), bias(n_(nq)), w(n_(nq));
+            std::vector<half_bits> x(n_(n * grp));
+            for (auto& v : b) v = g(rng);
+            for (auto& v : x) v = float_to_half(g(rng));
+            for (auto& v : params) v = g(rng);
+            for (auto& v : bias) v = g(rng);
+            for (auto& v : w) v = 1e-3f * g(rng);
+            // Key side: per quantized row cs, per token as, os, is.
+            const i64 cs = n + 2, as = tokens + 1, os = tokens + 3, is = tokens + 5;
+            std::vector<std::int32_t> qi(n_(nq * cs));
+            std::vector<float> qf(n_(nq * cs)), a(n_(nq * grp * as)), out(n_(nq * os), -7.0f);
+            for (auto& v : qi) v = static_cast<std::int32_t>(rng() % 20001) - 10000;
+            for (auto& v : qf) v = g(rng);
+            for (auto& v : a) v = g(rng);
+            // The mask indices entry-major, with a gap after each entry's.
+            std::vector<std::int32_t> idx(n_(grp * is), -1);
+            for (i64 t = 0; t < tokens; ++t)
+              for (i64 e = 0; e < grp; ++e) idx[n_(e * is + t)] = static_cast<std::int32_t>(rng() % n_(tab));
+            key_run_scores(b.data(), tab, idx.data(), is, x.data(), kept.empty() ? nullptr : kept.data(), nk, tokens,
+                           grp, nq, bias.data(), w.data(), integer ? qi.data() : nullptr, integer ? nullptr : qf.data(),
+                           cs, a.data(), as, out.data(), os);
+            for (i64 j = 0; j < nq; ++j)
+              for (i64 t = 0; t < os; ++t) {
+                const float got = out[n_(j * os + t)];
+                const i64 r = t < tokens ? row_of[n_(t)] : -1;
+                if (r < 0) {
+                  ASSERT_EQ(got, -7.0f) << "query " << j << ": kept or past the block at " << t;
                   continue;
                 }
-                // The difference rounded once, then a fused or a plain product and sum.
-                const float diff = half_to_float(x[n_(i * grp + e)]) - params[n_(2 * i + 1)];
-                const double t = static_cast<double>(p[n_(j * ps + i)]) * diff;
-                ASSERT_NEAR(y[k], t + y0[k], 2.5e-7 * (std::fabs(t) + std::fabs(y0[k])))
-                    << "query " << j << " entry " << e << " token " << i;
+                const double code = integer ? static_cast<double>(w[n_(j)]) * qi[n_(j * cs + r)] : qf[n_(j * cs + r)];
+                double want = bias[n_(j)] + code, mag = std::fabs(bias[n_(j)]) + std::fabs(code);
+                for (i64 e = 0; e < grp; ++e) {
+                  const double v =
+                      static_cast<double>(a[n_((j * grp + e) * as + t)]) *
+                      (static_cast<double>(half_to_float(x[n_(r * grp + e)])) - b[n_(idx[n_(e * is + t)])]);
+                  want += v;
+                  mag += 2 * std::fabs(v);
+                }
+                ASSERT_NEAR(got, want, 1.2e-7 * static_cast<double>(2 * grp + 4) * mag)
+                    << "query " << j << " token " << t;
               }
+            // Value side: per token ps, ys, per quantized row pa.
+            const i64 ps = tokens + 1, pa = n + 2, ys = tokens + 4;
+            std::vector<float> p(n_(nq * ps)), av(n_(nq * pa), -7.0f), y(n_(nq * grp * ys)), base(n_(nq));
+            for (auto& v : p) v = std::fabs(g(rng));
+            for (auto& v : y) v = g(rng);
+            for (auto& v : base) v = g(rng);
+            const auto y0 = y;
+            const auto base0 = base;
+            value_run_weights(params.data(), x.data(), kept.empty() ? nullptr : kept.data(), nk, tokens, grp, nq,
+                              p.data(), ps, av.data(), pa, y.data(), ys, base.data());
+            for (i64 j = 0; j < nq; ++j) {
+              double want = base0[n_(j)], mag = std::fabs(base0[n_(j)]);
+              for (i64 t = 0; t < tokens; ++t) {
+                const i64 r = row_of[n_(t)];
+                if (r < 0) continue;
+                const float pv = p[n_(j * ps + t)];
+                ASSERT_EQ(av[n_(j * pa + r)], pv * params[n_(2 * r)]) << "query " << j << " token " << t;
+                want += static_cast<double>(pv) * params[n_(2 * r + 1)];
+                mag += std::fabs(static_cast<double>(pv) * params[n_(2 * r + 1)]);
+              }
+              for (i64 r = n; r < pa; ++r) ASSERT_EQ(av[n_(j * pa + r)], -7.0f) << "query " << j << " past the rows";
+              ASSERT_NEAR(base[n_(j)], want, 1e-6 * mag + 1e-7) << "query " << j;
+              for (i64 e = 0; e < grp; ++e)
+                for (i64 t = 0; t < ys; ++t) {
+                  const auto k = n_((j * grp + e) * ys + t);
+                  const i64 r = t < tokens ? row_of[n_(t)] : -1;
+                  if (r < 0) {
+                    ASSERT_EQ(y[k], y0[k]) << "query " << j << " entry " << e << ": kept or past the block at " << t;
+                    continue;
+                  }
+                  // The difference rounded once, then a fused or a plain product and sum.
+                  const float diff = half_to_float(x[n_(r * grp + e)]) - params[n_(2 * r + 1)];
+                  const double v = static_cast<double>(p[n_(j * ps + t)]) * diff;
+                  ASSERT_NEAR(y[k], v + y0[k], 2.5e-7 * (std::fabs(v) + std::fabs(y0[k])))
+                      << "query " << j << " entry " << e << " token " << t;
+                }
+            }
           }
-        }
   });
 }
 
+// The per-block weights of the key and value sides against double sums and
+// the slot order written out by hand.
 TEST(HexKernels, BlockWeightsMatchReference) {
   on_every_target([] {
     std::mt19937_64 rng(0x77656967);

@@ -388,16 +388,10 @@ void detail::block_scores(const HexBlockView& b, const float* q, std::int64_t nq
   }
   const float* qk = d1 > 0 && nqr > 0 ? ke.prepare(b.mask_indices, d1, b.tokens, q, nq, q_stride, scale) : nullptr;
   if (qk && d1 <= kFusedEntries) {
-    // The runs of quantized tokens in one fused pass each (bias, code part,
-    // entries); the kept tokens' scores are written below.
-    walk_tokens(
-        b,
-        [&](std::int64_t t0, std::int64_t n, std::int64_t qr0) {
-          key_run_scores(kmin, d, ke.idx.data() + t0, ke.rows, b.k_sparse + qr0 * d1, n, d1, nq, bias, ws,
-                         qi ? qi + qr0 : nullptr, qi ? nullptr : qs + qr0, nqr, qk + t0, ke.rows, scores + t0,
-                         s_stride);
-        },
-        [](std::int64_t, std::int64_t) {});
+    // The quantized tokens in one fused pass (bias, code part, entries);
+    // the kept tokens' scores are written below.
+    key_run_scores(kmin, d, ke.idx.data(), ke.rows, b.k_sparse, b.kept_index, b.kept_rows, b.tokens, d1, nq, bias, ws,
+                   qi, qi ? nullptr : qs, nqr, qk, ke.rows, scores, s_stride);
   } else {
     for (std::int64_t j = 0; j < nq; ++j) {
       float* sj = scores + j * s_stride;
@@ -464,16 +458,11 @@ void detail::block_accumulate(const HexBlockView& b, const float* p, std::int64_
   float* sums = nullptr;
   const bool fused = d1 > 0 && d1 <= kFusedEntries && nqr > 0 && nq <= kRunQueries;
   if (fused) {
-    // The runs of quantized tokens in one fused pass each (weights, bias
-    // sums, entry sums).
+    // The quantized tokens in one fused pass (weights, bias sums, entry
+    // sums).
     sums = ve.prepare(b.mask_indices, d1, b.tokens, nq, out, out_stride);
-    walk_tokens(
-        b,
-        [&](std::int64_t t0, std::int64_t n, std::int64_t qr0) {
-          value_run_weights(params + 2 * qr0, b.v_sparse + qr0 * d1, n, d1, nq, p + t0, p_stride, a + qr0, nqr,
-                            sums + t0, ve.rows, base);
-        },
-        [](std::int64_t, std::int64_t) {});
+    value_run_weights(params, b.v_sparse, b.kept_index, b.kept_rows, b.tokens, d1, nq, p, p_stride, a, nqr, sums,
+                      ve.rows, base);
   } else if (d1 > 0 && nqr > 0) {
     walk_tokens(
         b,

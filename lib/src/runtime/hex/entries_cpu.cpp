@@ -364,76 +364,127 @@ HWY_FLATTEN float ValueWeights(const float* HWY_RESTRICT params, const float* HW
   return s;
 }
 
-// The key side of a run of n quantized tokens, for nq queries at once:
-//   out[j * os + i] = bias[j] + code_j(i)
-//                     + sum_{e < g} a[(j * g + e) * as + i] * (x[i * g + e] - b[idx[e * is + i]])
-// with code_j(i) = w[j] * qi[j * cs + i] (integer sums; qi non-null) or
-// qf[j * cs + i], the products added in entry order. The differences are
+// Calls f(t0, n, qr0) for each run of quantized tokens [t0, t0 + n) of a
+// block of `tokens` tokens between its nk kept ones (kept: their positions,
+// ascending), qr0 the quantized row of t0.
+template <class F>
+HWY_INLINE void Runs(const std::uint16_t* HWY_RESTRICT kept, std::int64_t nk, std::int64_t tokens, F f) {
+  std::int64_t t = 0, qr = 0;
+  for (std::int64_t k = 0; k <= nk; ++k) {
+    const std::int64_t end = k < nk ? kept[k] : tokens;
+    if (end > t) {
+      f(t, end - t, qr);
+      qr += end - t;
+    }
+    t = end + 1;
+  }
+}
+
+// The key side of a block's quantized tokens, for nq queries at once (token
+// t of the block, quantized row r; the kept tokens' outputs untouched):
+//   out[j * os + t] = bias[j] + code_j(r)
+//                     + sum_{e < g} a[(j * g + e) * as + t] * (x[r * g + e] - b[idx[e * is + t]])
+// with code_j(r) = w[j] * qi[j * cs + r] (integer sums; qi non-null) or
+// qf[j * cs + r], the products added in entry order. The differences are
 // made once per vector of tokens and kept in registers for every query:
 // KeyEntryDiffs, then EntryScores and the code part per query, wrote them
-// out and read them back, and made three passes over the run.
+// out and read them back, and made three passes over the run. One call per
+// block, its runs walked here: a call per run (three in a block of 96 with
+// two kept tokens) spent half the time of one query's entries on the calls'
+// set-up (bench_kernels run_entries/1 on a Zen 5 host: 150 ns for three runs
+// of 30-33 tokens, 78 ns for one of 94).
 HWY_FLATTEN void KeyRunScores(const float* HWY_RESTRICT b, std::int64_t b_size, const std::int32_t* HWY_RESTRICT idx,
-                              std::int64_t is, const half_bits* HWY_RESTRICT x, std::int64_t n, std::int64_t g,
-                              std::int64_t nq, const float* HWY_RESTRICT bias, const float* HWY_RESTRICT w,
+                              std::int64_t is, const half_bits* HWY_RESTRICT x, const std::uint16_t* HWY_RESTRICT kept,
+                              std::int64_t nk, std::int64_t tokens, std::int64_t g, std::int64_t nq,
+                              const float* HWY_RESTRICT bias, const float* HWY_RESTRICT w,
                               const std::int32_t* HWY_RESTRICT qi, const float* HWY_RESTRICT qf, std::int64_t cs,
                               const float* HWY_RESTRICT a, std::int64_t as, float* HWY_RESTRICT out, std::int64_t os) {
-  std::int64_t done = 0;
+  // Tokens [t0 + from, t0 + n) of the run at t0 (quantized row qr0), one by one.
+  const auto scalar = [&](std::int64_t t0, std::int64_t n, std::int64_t qr0, std::int64_t from) {
+    for (std::int64_t j = 0; j < nq; ++j)
+      for (std::int64_t i = from; i < n; ++i) {
+        const std::int64_t t = t0 + i, r = qr0 + i;
+        const float code = qi ? w[j] * static_cast<float>(qi[j * cs + r]) : qf[j * cs + r];
+        float s = bias[j] + code;
+        for (std::int64_t e = 0; e < g; ++e)
+          s = std::fma(a[(j * g + e) * as + t], half_to_float(x[r * g + e]) - b[idx[e * is + t]], s);
+        out[j * os + t] = s;
+      }
+  };
+  bool vectors = false;
 #if HWY_TARGET != HWY_SCALAR
-  const auto run = [&](auto kg, const auto& lookup) KVCAL_ENTRY_INLINE {
+  const auto block = [&](auto kg, const auto& lookup) KVCAL_ENTRY_INLINE {
     constexpr int kG = decltype(kg)::value;
-    // Each output depends on its own token only: an overlapping last vector
-    // writes its repeated lanes again with the same values.
-    done = Vectors(n, [&](auto d, std::int64_t i, std::int64_t) KVCAL_ENTRY_INLINE {
-      const hn::RebindToSigned<decltype(d)> di;
-      const auto queries = [&](auto... diff) KVCAL_ENTRY_INLINE {
-        for (std::int64_t j = 0; j < nq; ++j) {
-          const auto code = qi ? hn::Mul(hn::Set(d, w[j]), hn::ConvertTo(d, hn::LoadU(di, qi + j * cs + i)))
-                               : hn::LoadU(d, qf + j * cs + i);
-          auto s = hn::Add(hn::Set(d, bias[j]), code);
-          const float* aj = a + j * kG * as + i;
-          std::int64_t e = 0;
-          ((s = hn::MulAdd(hn::LoadU(d, aj + (e++) * as), diff, s)), ...);
-          hn::StoreU(s, d, out + j * os + i);
-        }
-      };
-      EntryVectors<kG>(d, x + i * kG, [&](auto... xv) KVCAL_ENTRY_INLINE {
-        [&]<std::size_t... kE>(std::index_sequence<kE...>) KVCAL_ENTRY_INLINE {
-          queries(hn::Sub(xv, lookup(d, hn::LoadU(di, idx + static_cast<std::int64_t>(kE) * is + i)))...);
-        }
-        (std::make_index_sequence<kG>());
+    Runs(kept, nk, tokens, [&](std::int64_t t0, std::int64_t n, std::int64_t qr0) KVCAL_ENTRY_INLINE {
+      // Each output depends on its own token only: an overlapping last
+      // vector writes its repeated lanes again with the same values.
+      const std::int64_t done = Vectors(n, [&](auto d, std::int64_t i, std::int64_t) KVCAL_ENTRY_INLINE {
+        const hn::RebindToSigned<decltype(d)> di;
+        const std::int64_t t = t0 + i, r = qr0 + i;
+        const auto queries = [&](auto... diff) KVCAL_ENTRY_INLINE {
+          for (std::int64_t j = 0; j < nq; ++j) {
+            const auto code = qi ? hn::Mul(hn::Set(d, w[j]), hn::ConvertTo(d, hn::LoadU(di, qi + j * cs + r)))
+                                 : hn::LoadU(d, qf + j * cs + r);
+            auto s = hn::Add(hn::Set(d, bias[j]), code);
+            const float* aj = a + j * kG * as + t;
+            std::int64_t e = 0;
+            ((s = hn::MulAdd(hn::LoadU(d, aj + (e++) * as), diff, s)), ...);
+            hn::StoreU(s, d, out + j * os + t);
+          }
+        };
+        EntryVectors<kG>(d, x + r * kG, [&](auto... xv) KVCAL_ENTRY_INLINE {
+          [&]<std::size_t... kE>(std::index_sequence<kE...>) KVCAL_ENTRY_INLINE {
+            queries(hn::Sub(xv, lookup(d, hn::LoadU(di, idx + static_cast<std::int64_t>(kE) * is + t)))...);
+          }
+          (std::make_index_sequence<kG>());
+        });
       });
+      scalar(t0, n, qr0, done);
     });
   };
   WithEntries(g, [&](auto kg) {
+    vectors = true;
 #if KVCAL_TABLE128
-    if (b_size <= 128) return run(kg, Table128(b, b_size));
+    if (b_size <= 128) return block(kg, Table128(b, b_size));
 #endif
-    run(kg, Gather{b});
+    block(kg, Gather{b});
   });
 #endif
   (void)b_size;
-  for (std::int64_t j = 0; j < nq; ++j)
-    for (std::int64_t i = done; i < n; ++i) {
-      const float code = qi ? w[j] * static_cast<float>(qi[j * cs + i]) : qf[j * cs + i];
-      float s = bias[j] + code;
-      for (std::int64_t e = 0; e < g; ++e)
-        s = std::fma(a[(j * g + e) * as + i], half_to_float(x[i * g + e]) - b[idx[e * is + i]], s);
-      out[j * os + i] = s;
-    }
+  if (!vectors)
+    Runs(kept, nk, tokens, [&](std::int64_t t0, std::int64_t n, std::int64_t qr0) { scalar(t0, n, qr0, 0); });
 }
 
-// The value side of a run of n quantized tokens, for nq <= kRunQueries
-// queries at once (p_j = p + j * ps; params[2i] = delta_i, params[2i + 1] =
-// min_i):
-//   a[j * as + i] = p_j[i] * delta_i,  base[j] += sum_i p_j[i] * min_i,
-//   y[(j * g + e) * ys + i] += p_j[i] * (x[i * g + e] - min_i).
+// The value side of a block's quantized tokens (as KeyRunScores: token t,
+// quantized row r; the kept tokens' y untouched), for nq <= kRunQueries
+// queries at once in vectors (p_j = p + j * ps; params[2r] = delta_r,
+// params[2r + 1] = min_r):
+//   a[j * as + r] = p_j[t] * delta_r,  base[j] += sum_r p_j[t] * min_r,
+//   y[(j * g + e) * ys + t] += p_j[t] * (x[r * g + e] - min_r).
 // The differences once per vector of tokens for every query (ValueEntryDiffs,
-// then ValueWeights and GroupAxpy per query, made three passes).
-HWY_FLATTEN void ValueRunWeights(const float* HWY_RESTRICT params, const half_bits* HWY_RESTRICT x, std::int64_t n,
+// then ValueWeights and GroupAxpy per query, made three passes); one call
+// per block, as KeyRunScores.
+HWY_FLATTEN void ValueRunWeights(const float* HWY_RESTRICT params, const half_bits* HWY_RESTRICT x,
+                                 const std::uint16_t* HWY_RESTRICT kept, std::int64_t nk, std::int64_t tokens,
                                  std::int64_t g, std::int64_t nq, const float* HWY_RESTRICT p, std::int64_t ps,
                                  float* HWY_RESTRICT a, std::int64_t as, float* HWY_RESTRICT y, std::int64_t ys,
                                  float* HWY_RESTRICT base) {
-  std::int64_t done = 0;
+  const auto scalar = [&](std::int64_t t0, std::int64_t n, std::int64_t qr0, std::int64_t from) {
+    if (from >= n) return;
+    for (std::int64_t j = 0; j < nq; ++j) {
+      float s = 0.0f;
+      for (std::int64_t i = from; i < n; ++i) {
+        const std::int64_t t = t0 + i, r = qr0 + i;
+        const float pv = p[j * ps + t];
+        a[j * as + r] = pv * params[2 * r];
+        s += pv * params[2 * r + 1];
+        for (std::int64_t e = 0; e < g; ++e)
+          y[(j * g + e) * ys + t] += pv * (half_to_float(x[r * g + e]) - params[2 * r + 1]);
+      }
+      base[j] += s;
+    }
+  };
+  bool vectors = false;
 #if HWY_TARGET != HWY_SCALAR
   if (nq <= kRunQueries) {
     const DF df;
@@ -442,43 +493,39 @@ HWY_FLATTEN void ValueRunWeights(const float* HWY_RESTRICT params, const half_bi
     for (std::int64_t k = 0; k < nq * NF; ++k) sums[k] = 0.0f;
     WithEntries(g, [&](auto kg) {
       constexpr int kG = decltype(kg)::value;
-      done = Vectors(n, [&](auto d, std::int64_t i, std::int64_t fresh) KVCAL_ENTRY_INLINE {
-        const auto N = static_cast<std::int64_t>(hn::Lanes(d));
-        hn::Vec<decltype(d)> dl, mn;
-        hn::LoadInterleaved2(d, params + 2 * i, dl, mn);
-        // The overlapping last vector's repeated lanes: their weights
-        // written again alike, left out of the sums.
-        const auto again = hn::FirstN(d, static_cast<std::size_t>(N - fresh));
-        const auto queries = [&](auto... diff) KVCAL_ENTRY_INLINE {
-          for (std::int64_t j = 0; j < nq; ++j) {
-            auto pv = hn::LoadU(d, p + j * ps + i);
-            hn::StoreU(hn::Mul(pv, dl), d, a + j * as + i);
-            if (fresh < N) pv = hn::IfThenZeroElse(again, pv);
-            float* sj = sums + j * NF;
-            hn::Store(hn::MulAdd(pv, mn, hn::Load(d, sj)), d, sj);
-            float* yj = y + j * kG * ys + i;
-            std::int64_t e = 0;
-            ((hn::StoreU(hn::MulAdd(pv, diff, hn::LoadU(d, yj + e * ys)), d, yj + e * ys), ++e), ...);
-          }
-        };
-        EntryVectors<kG>(d, x + i * kG, [&](auto... xv) KVCAL_ENTRY_INLINE { queries(hn::Sub(xv, mn)...); });
+      vectors = true;
+      Runs(kept, nk, tokens, [&](std::int64_t t0, std::int64_t n, std::int64_t qr0) KVCAL_ENTRY_INLINE {
+        const std::int64_t done = Vectors(n, [&](auto d, std::int64_t i, std::int64_t fresh) KVCAL_ENTRY_INLINE {
+          const auto N = static_cast<std::int64_t>(hn::Lanes(d));
+          const std::int64_t t = t0 + i, r = qr0 + i;
+          hn::Vec<decltype(d)> dl, mn;
+          hn::LoadInterleaved2(d, params + 2 * r, dl, mn);
+          // The overlapping last vector's repeated lanes: their weights
+          // written again alike, left out of the sums.
+          const auto again = hn::FirstN(d, static_cast<std::size_t>(N - fresh));
+          const auto queries = [&](auto... diff) KVCAL_ENTRY_INLINE {
+            for (std::int64_t j = 0; j < nq; ++j) {
+              auto pv = hn::LoadU(d, p + j * ps + t);
+              hn::StoreU(hn::Mul(pv, dl), d, a + j * as + r);
+              if (fresh < N) pv = hn::IfThenZeroElse(again, pv);
+              float* sj = sums + j * NF;
+              hn::Store(hn::MulAdd(pv, mn, hn::Load(d, sj)), d, sj);
+              float* yj = y + j * kG * ys + t;
+              std::int64_t e = 0;
+              ((hn::StoreU(hn::MulAdd(pv, diff, hn::LoadU(d, yj + e * ys)), d, yj + e * ys), ++e), ...);
+            }
+          };
+          EntryVectors<kG>(d, x + r * kG, [&](auto... xv) KVCAL_ENTRY_INLINE { queries(hn::Sub(xv, mn)...); });
+        });
+        scalar(t0, n, qr0, done);
       });
     });
-    if (done > 0)
+    if (vectors)
       for (std::int64_t j = 0; j < nq; ++j) base[j] += hn::GetLane(hn::SumOfLanes(df, hn::Load(df, sums + j * NF)));
   }
 #endif
-  for (std::int64_t j = 0; j < nq; ++j) {
-    float s = 0.0f;
-    for (std::int64_t i = done; i < n; ++i) {
-      const float pv = p[j * ps + i];
-      a[j * as + i] = pv * params[2 * i];
-      s += pv * params[2 * i + 1];
-      for (std::int64_t e = 0; e < g; ++e)
-        y[(j * g + e) * ys + i] += pv * (half_to_float(x[i * g + e]) - params[2 * i + 1]);
-    }
-    if (done < n) base[j] += s;
-  }
+  if (!vectors)
+    Runs(kept, nk, tokens, [&](std::int64_t t0, std::int64_t n, std::int64_t qr0) { scalar(t0, n, qr0, 0); });
 }
 
 }  // namespace HWY_NAMESPACE
@@ -516,16 +563,19 @@ float value_weights(const float* params, const float* p, std::int64_t n, float* 
   return HWY_DYNAMIC_DISPATCH(ValueWeights)(params, p, n, a);
 }
 void key_run_scores(const float* b, std::int64_t b_size, const std::int32_t* idx, std::int64_t idx_stride,
-                    const half_bits* x, std::int64_t n, std::int64_t g, std::int64_t nq, const float* bias,
-                    const float* w, const std::int32_t* qi, const float* qf, std::int64_t code_stride, const float* a,
-                    std::int64_t a_stride, float* out, std::int64_t out_stride) {
+                    const half_bits* x, const std::uint16_t* kept, std::int64_t kept_rows, std::int64_t tokens,
+                    std::int64_t g, std::int64_t nq, const float* bias, const float* w, const std::int32_t* qi,
+                    const float* qf, std::int64_t code_stride, const float* a, std::int64_t a_stride, float* out,
+                    std::int64_t out_stride) {
   HWY_DYNAMIC_DISPATCH(KeyRunScores)
-  (b, b_size, idx, idx_stride, x, n, g, nq, bias, w, qi, qf, code_stride, a, a_stride, out, out_stride);
+  (b, b_size, idx, idx_stride, x, kept, kept_rows, tokens, g, nq, bias, w, qi, qf, code_stride, a, a_stride, out,
+   out_stride);
 }
-void value_run_weights(const float* params, const half_bits* x, std::int64_t n, std::int64_t g, std::int64_t nq,
-                       const float* p, std::int64_t p_stride, float* a, std::int64_t a_stride, float* y,
-                       std::int64_t y_stride, float* base) {
-  HWY_DYNAMIC_DISPATCH(ValueRunWeights)(params, x, n, g, nq, p, p_stride, a, a_stride, y, y_stride, base);
+void value_run_weights(const float* params, const half_bits* x, const std::uint16_t* kept, std::int64_t kept_rows,
+                       std::int64_t tokens, std::int64_t g, std::int64_t nq, const float* p, std::int64_t p_stride,
+                       float* a, std::int64_t a_stride, float* y, std::int64_t y_stride, float* base) {
+  HWY_DYNAMIC_DISPATCH(ValueRunWeights)
+  (params, x, kept, kept_rows, tokens, g, nq, p, p_stride, a, a_stride, y, y_stride, base);
 }
 
 }  // namespace kvcal::runtime::detail

@@ -39,25 +39,31 @@ float value_weights(const float* params, const float* p, std::int64_t n, float* 
 // The most entries per token the fused kernels below take in vectors (more
 // take their scalar loops: callers keep the separate kernels for them).
 constexpr std::int64_t kFusedEntries = 4;
-// The same per-token work fused for a run of n tokens and nq queries, the
-// differences made once per vector of tokens and never stored.
-// Key side: out[j * out_stride + i] = bias[j] + code_j(i)
-//   + sum_{e < g} a[(j * g + e) * a_stride + i] * (x[i * g + e] - b[idx[e * idx_stride + i]]),
-// code_j(i) = w[j] * qi[j * code_stride + i] where qi is not null, else
-// qf[j * code_stride + i]; the products added in entry order. The mask
+// The same per-token work fused for the quantized tokens of a block of
+// `tokens` tokens, nq queries, the differences made once per vector of
+// tokens and never stored. Token t of the block is quantized row r, its
+// place among the quantized ones: kept (kept_rows positions, ascending, as
+// HexBlockView::kept_index; null where there are none) are skipped, and
+// their outputs left untouched. Inputs and outputs per token are at t,
+// those per quantized row at r.
+// Key side: out[j * out_stride + t] = bias[j] + code_j(r)
+//   + sum_{e < g} a[(j * g + e) * a_stride + t] * (x[r * g + e] - b[idx[e * idx_stride + t]]),
+// code_j(r) = w[j] * qi[j * code_stride + r] where qi is not null, else
+// qf[j * code_stride + r]; the products added in entry order. The mask
 // indices entry-major (as KeyEntries keeps them, once for all blocks).
 void key_run_scores(const float* b, std::int64_t b_size, const std::int32_t* idx, std::int64_t idx_stride,
-                    const half_bits* x, std::int64_t n, std::int64_t g, std::int64_t nq, const float* bias,
-                    const float* w, const std::int32_t* qi, const float* qf, std::int64_t code_stride, const float* a,
-                    std::int64_t a_stride, float* out, std::int64_t out_stride);
+                    const half_bits* x, const std::uint16_t* kept, std::int64_t kept_rows, std::int64_t tokens,
+                    std::int64_t g, std::int64_t nq, const float* bias, const float* w, const std::int32_t* qi,
+                    const float* qf, std::int64_t code_stride, const float* a, std::int64_t a_stride, float* out,
+                    std::int64_t out_stride);
 // The most queries value_run_weights takes in vectors (more take its scalar
 // loop: callers keep the separate kernels for them).
 constexpr std::int64_t kRunQueries = 16;
-// Value side, p_j = p + j * p_stride:
-//   a[j * a_stride + i] = p_j[i] * delta_i,  base[j] += sum_i p_j[i] * min_i,
-//   y[(j * g + e) * y_stride + i] += p_j[i] * (x[i * g + e] - min_i).
-void value_run_weights(const float* params, const half_bits* x, std::int64_t n, std::int64_t g, std::int64_t nq,
-                       const float* p, std::int64_t p_stride, float* a, std::int64_t a_stride, float* y,
-                       std::int64_t y_stride, float* base);
+// Value side, p_j = p + j * p_stride, params[2r] = delta_r, params[2r + 1] = min_r:
+//   a[j * a_stride + r] = p_j[t] * delta_r,  base[j] += sum_r p_j[t] * min_r,
+//   y[(j * g + e) * y_stride + t] += p_j[t] * (x[r * g + e] - min_r).
+void value_run_weights(const float* params, const half_bits* x, const std::uint16_t* kept, std::int64_t kept_rows,
+                       std::int64_t tokens, std::int64_t g, std::int64_t nq, const float* p, std::int64_t p_stride,
+                       float* a, std::int64_t a_stride, float* y, std::int64_t y_stride, float* base);
 
 }  // namespace kvcal::runtime::detail
