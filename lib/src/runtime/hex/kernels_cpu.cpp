@@ -2116,9 +2116,9 @@ KVCAL_FLATTEN std::int64_t ScoresIntRows(D8 d8, const std::uint8_t* codes, std::
 // int14 4-bit 485 -> 287; with the requests ahead below, 200 and 341).
 // Taken for 4-bit rows (and 3-bit rows widened to 4 bits); decode at a group
 // of 4 on that guest, 5 interleaved rounds: hex4@int8 5% less time,
-// hex4@int14 9%, kcvt4@int14 5%, but kcvt4@int8 5-6.5% more (cause not
-// found). 2-bit rows keep ScoresIntRows: 20% faster in cache, no faster in
-// the decode.
+// hex4@int14 9%, kcvt4@int14 5%; kcvt4@int8 5-6.5% more in two such runs,
+// 2.5-3.7% less in two later ones (README). 2-bit rows keep ScoresIntRows:
+// 20% faster in cache, no faster in the decode.
 // Accumulators per query and phase (kPairs: int16 pair sums, at most
 // kPairSums a lane: 4 run / Lanes(d8) per phase, checked by the caller).
 // Returns the rows done (a multiple of 4); 0 where the packed weights do not
