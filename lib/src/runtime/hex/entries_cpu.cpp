@@ -171,13 +171,33 @@ struct HalfPairIndex {  // v[p][k]: the half for lane k % 16 of entry 2p + k / 1
 template <int kG>
 inline constexpr HalfPairIndex<kG> kHalfPairIndex{};
 #endif
+#if KVCAL_TABLE128
+// f(v_0, .., v_{kG-1}) for 16 tokens' kG >= 2 entries (token-major halves),
+// tokens 0-7 in lo and 8-15 in hi for kG >= 3, all in lo for kG = 2.
+template <int kG, class F>
+HWY_INLINE void EntryPairs(__m512i lo, __m512i hi, F f) {
+  const auto lo16 = [](__m512i w) { return hn::Vec<DF>{_mm512_cvtph_ps(_mm512_castsi512_si256(w))}; };
+  const auto hi16 = [](__m512i w) { return hn::Vec<DF>{_mm512_cvtph_ps(_mm512_extracti64x4_epi64(w, 1))}; };
+  const auto pair = [&](int p) {
+    return _mm512_permutex2var_epi16(lo, _mm512_load_si512(kHalfPairIndex<kG>.v[p]), hi);
+  };
+  const __m512i w0 = pair(0);
+  if constexpr (kG == 2) {
+    f(lo16(w0), hi16(w0));
+  } else {
+    const __m512i w1 = pair(1);
+    if constexpr (kG == 3)
+      f(lo16(w0), hi16(w0), lo16(w1));
+    else
+      f(lo16(w0), hi16(w0), lo16(w1), hi16(w1));
+  }
+}
+#endif
 template <int kG, class D, class F>
 HWY_INLINE void EntryVectors(D d, const half_bits* HWY_RESTRICT x, F f) {
 #if KVCAL_TABLE128
   if constexpr (std::is_same_v<D, DF>) {
     static_assert(kMaxLanes == 16, "AVX-512: 16 float lanes");
-    const auto lo16 = [](__m512i w) { return hn::Vec<DF>{_mm512_cvtph_ps(_mm512_castsi512_si256(w))}; };
-    const auto hi16 = [](__m512i w) { return hn::Vec<DF>{_mm512_cvtph_ps(_mm512_extracti64x4_epi64(w, 1))}; };
     if constexpr (kG == 1) {
       f(hn::Vec<DF>{_mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(x)))});
     } else {
@@ -185,19 +205,7 @@ HWY_INLINE void EntryVectors(D d, const half_bits* HWY_RESTRICT x, F f) {
       const __m512i hi = kG == 4   ? _mm512_loadu_si512(x + 32)
                          : kG == 3 ? _mm512_maskz_loadu_epi16(0xffffu, x + 32)
                                    : _mm512_setzero_si512();
-      const auto pair = [&](int p) {
-        return _mm512_permutex2var_epi16(lo, _mm512_load_si512(kHalfPairIndex<kG>.v[p]), hi);
-      };
-      const __m512i w0 = pair(0);
-      if constexpr (kG == 2) {
-        f(lo16(w0), hi16(w0));
-      } else {
-        const __m512i w1 = pair(1);
-        if constexpr (kG == 3)
-          f(lo16(w0), hi16(w0), lo16(w1));
-        else
-          f(lo16(w0), hi16(w0), lo16(w1), hi16(w1));
-      }
+      EntryPairs<kG>(lo, hi, f);
     }
     return;
   }
@@ -380,6 +388,38 @@ HWY_INLINE void Runs(const std::uint16_t* HWY_RESTRICT kept, std::int64_t nk, st
   }
 }
 
+#if KVCAL_TABLE128
+// The quantized tokens of a block in whole vectors of 16 tokens on AVX-512,
+// across its kept tokens: f(t, r, m, lo, hi) for tokens [t, t + 16), r the
+// quantized row of the first lane of m, the lanes of quantized tokens
+// (kept tokens and those past the block clear), lo/hi their kG (2 or 4)
+// entries as EntryPairs takes them, expanded from consecutive rows (0 in
+// clear lanes). The runs' overlapping last vectors (7 vectors for a block
+// of 96 tokens with two kept, and a call per run) are gone: see KeyRunScores.
+template <int kG, class F>
+HWY_INLINE void ExpandedVectors(const half_bits* HWY_RESTRICT x, const std::uint16_t* HWY_RESTRICT kept,
+                                std::int64_t nk, std::int64_t tokens, F f) {
+  static_assert(kG == 2 || kG == 4, "a token's entries in one 32- or 64-bit lane");
+  std::int64_t k = 0, r = 0;
+  for (std::int64_t t = 0; t < tokens; t += 16) {
+    std::uint32_t m = tokens - t >= 16 ? 0xffffu : (1u << (tokens - t)) - 1u;
+    for (; k < nk && kept[k] < t + 16; ++k) m &= ~(1u << (kept[k] - t));
+    if (m == 0) continue;
+    __m512i lo, hi;
+    if constexpr (kG == 4) {
+      const auto m0 = static_cast<__mmask8>(m & 0xffu), m1 = static_cast<__mmask8>(m >> 8);
+      lo = _mm512_maskz_expandloadu_epi64(m0, x + r * 4);
+      hi = _mm512_maskz_expandloadu_epi64(m1, x + (r + __builtin_popcount(m0)) * 4);
+    } else {
+      lo = _mm512_maskz_expandloadu_epi32(static_cast<__mmask16>(m), x + r * 2);
+      hi = _mm512_setzero_si512();
+    }
+    f(t, r, static_cast<__mmask16>(m), lo, hi);
+    r += __builtin_popcount(m);
+  }
+}
+#endif
+
 // The key side of a block's quantized tokens, for nq queries at once (token
 // t of the block, quantized row r; the kept tokens' outputs untouched):
 //   out[j * os + t] = bias[j] + code_j(r)
@@ -389,10 +429,11 @@ HWY_INLINE void Runs(const std::uint16_t* HWY_RESTRICT kept, std::int64_t nk, st
 // made once per vector of tokens and kept in registers for every query:
 // KeyEntryDiffs, then EntryScores and the code part per query, wrote them
 // out and read them back, and made three passes over the run. One call per
-// block, its runs walked here: a call per run (three in a block of 96 with
-// two kept tokens) spent half the time of one query's entries on the calls'
-// set-up (bench_kernels run_entries/1 on a Zen 5 host: 150 ns for three runs
-// of 30-33 tokens, 78 ns for one of 94).
+// block: a call per run (three in a block of 96 with two kept tokens) spent
+// half the time of one query's entries on the calls' set-up and the runs'
+// overlapping last vectors (bench_kernels run_entries on a Zen 5 host, group
+// 1 / 4, ns: a call per run 150 / 260, runs walked here 121 / 238, whole
+// vectors across the kept tokens on AVX-512 (ExpandedVectors) 104 / 203).
 HWY_FLATTEN void KeyRunScores(const float* HWY_RESTRICT b, std::int64_t b_size, const std::int32_t* HWY_RESTRICT idx,
                               std::int64_t is, const half_bits* HWY_RESTRICT x, const std::uint16_t* HWY_RESTRICT kept,
                               std::int64_t nk, std::int64_t tokens, std::int64_t g, std::int64_t nq,
@@ -442,9 +483,45 @@ HWY_FLATTEN void KeyRunScores(const float* HWY_RESTRICT b, std::int64_t b_size, 
       scalar(t0, n, qr0, done);
     });
   };
+#if KVCAL_TABLE128
+  // Whole vectors across the kept tokens: masked loads and stores per
+  // token, expanded loads per quantized row.
+  const auto expanded = [&](auto kg, const auto& lookup) KVCAL_ENTRY_INLINE {
+    constexpr int kG = decltype(kg)::value;
+    ExpandedVectors<kG>(x, kept, nk, tokens,
+                        [&](std::int64_t t, std::int64_t r, __mmask16 m, __m512i lo, __m512i hi) KVCAL_ENTRY_INLINE {
+                          const DF d;
+                          const auto queries = [&](auto... diff) KVCAL_ENTRY_INLINE {
+                            for (std::int64_t j = 0; j < nq; ++j) {
+                              const auto code =
+                                  qi ? hn::Mul(hn::Set(d, w[j]),
+                                               hn::Vec<DF>{_mm512_cvtepi32_ps(
+                                                   _mm512_maskz_expandloadu_epi32(m, qi + j * cs + r))})
+                                     : hn::Vec<DF>{_mm512_maskz_expandloadu_ps(m, qf + j * cs + r)};
+                              auto s = hn::Add(hn::Set(d, bias[j]), code);
+                              const float* aj = a + j * kG * as + t;
+                              std::int64_t e = 0;
+                              ((s = hn::MulAdd(hn::Vec<DF>{_mm512_maskz_loadu_ps(m, aj + (e++) * as)}, diff, s)), ...);
+                              _mm512_mask_storeu_ps(out + j * os + t, m, s.raw);
+                            }
+                          };
+                          EntryPairs<kG>(lo, hi, [&](auto... xv) KVCAL_ENTRY_INLINE {
+                            [&]<std::size_t... kE>(std::index_sequence<kE...>) KVCAL_ENTRY_INLINE {
+                              queries(hn::Sub(xv, lookup(d, hn::Vec<hn::RebindToSigned<DF>>{_mm512_maskz_loadu_epi32(
+                                                                m, idx + static_cast<std::int64_t>(kE) * is + t)}))...);
+                            }
+                            (std::make_index_sequence<kG>());
+                          });
+                        });
+  };
+#endif
   WithEntries(g, [&](auto kg) {
     vectors = true;
 #if KVCAL_TABLE128
+    if constexpr (decltype(kg)::value == 2 || decltype(kg)::value == 4) {
+      if (b_size <= 128) return expanded(kg, Table128(b, b_size));
+      return expanded(kg, Gather{b});
+    }
     if (b_size <= 128) return block(kg, Table128(b, b_size));
 #endif
     block(kg, Gather{b});
@@ -494,6 +571,46 @@ HWY_FLATTEN void ValueRunWeights(const float* HWY_RESTRICT params, const half_bi
     WithEntries(g, [&](auto kg) {
       constexpr int kG = decltype(kg)::value;
       vectors = true;
+#if KVCAL_TABLE128
+      if constexpr (kG == 2 || kG == 4) {
+        // Whole vectors across the kept tokens (ExpandedVectors): p, y
+        // masked per token (0 in clear lanes, which then add nothing to the
+        // sums), the (delta, min) pairs expanded per quantized row, a
+        // compressed back to its rows.
+        alignas(64) static constexpr std::int32_t kEven[16] = {0,  2,  4,  6,  8,  10, 12, 14,
+                                                               16, 18, 20, 22, 24, 26, 28, 30};
+        alignas(64) static constexpr std::int32_t kOdd[16] = {1,  3,  5,  7,  9,  11, 13, 15,
+                                                              17, 19, 21, 23, 25, 27, 29, 31};
+        const __m512i even = _mm512_load_si512(kEven), odd = _mm512_load_si512(kOdd);
+        ExpandedVectors<kG>(
+            x, kept, nk, tokens,
+            [&](std::int64_t t, std::int64_t r, __mmask16 m, __m512i lo, __m512i hi) KVCAL_ENTRY_INLINE {
+              const auto m0 = static_cast<__mmask8>(m & 0xffu);
+              const __m512 p0 = _mm512_castsi512_ps(_mm512_maskz_expandloadu_epi64(m0, params + 2 * r));
+              const __m512 p1 = _mm512_castsi512_ps(_mm512_maskz_expandloadu_epi64(
+                  static_cast<__mmask8>(m >> 8), params + 2 * (r + __builtin_popcount(m0))));
+              const hn::Vec<DF> dl{_mm512_permutex2var_ps(p0, even, p1)}, mn{_mm512_permutex2var_ps(p0, odd, p1)};
+              const auto rows = static_cast<__mmask16>((1u << __builtin_popcount(m)) - 1u);
+              const auto queries = [&](auto... diff) KVCAL_ENTRY_INLINE {
+                for (std::int64_t j = 0; j < nq; ++j) {
+                  const hn::Vec<DF> pv{_mm512_maskz_loadu_ps(m, p + j * ps + t)};
+                  _mm512_mask_storeu_ps(a + j * as + r, rows, _mm512_maskz_compress_ps(m, hn::Mul(pv, dl).raw));
+                  float* sj = sums + j * NF;
+                  hn::Store(hn::MulAdd(pv, mn, hn::Load(df, sj)), df, sj);
+                  float* yj = y + j * kG * ys + t;
+                  std::int64_t e = 0;
+                  ((_mm512_mask_storeu_ps(
+                        yj + e * ys, m,
+                        hn::MulAdd(pv, diff, hn::Vec<DF>{_mm512_maskz_loadu_ps(m, yj + e * ys)}).raw),
+                    ++e),
+                   ...);
+                }
+              };
+              EntryPairs<kG>(lo, hi, [&](auto... xv) KVCAL_ENTRY_INLINE { queries(hn::Sub(xv, mn)...); });
+            });
+        return;
+      }
+#endif
       Runs(kept, nk, tokens, [&](std::int64_t t0, std::int64_t n, std::int64_t qr0) KVCAL_ENTRY_INLINE {
         const std::int64_t done = Vectors(n, [&](auto d, std::int64_t i, std::int64_t fresh) KVCAL_ENTRY_INLINE {
           const auto N = static_cast<std::int64_t>(hn::Lanes(d));
