@@ -488,31 +488,31 @@ HWY_FLATTEN void KeyRunScores(const float* HWY_RESTRICT b, std::int64_t b_size, 
   // token, expanded loads per quantized row.
   const auto expanded = [&](auto kg, const auto& lookup) KVCAL_ENTRY_INLINE {
     constexpr int kG = decltype(kg)::value;
-    ExpandedVectors<kG>(x, kept, nk, tokens,
-                        [&](std::int64_t t, std::int64_t r, __mmask16 m, __m512i lo, __m512i hi) KVCAL_ENTRY_INLINE {
-                          const DF d;
-                          const auto queries = [&](auto... diff) KVCAL_ENTRY_INLINE {
-                            for (std::int64_t j = 0; j < nq; ++j) {
-                              const auto code =
-                                  qi ? hn::Mul(hn::Set(d, w[j]),
-                                               hn::Vec<DF>{_mm512_cvtepi32_ps(
-                                                   _mm512_maskz_expandloadu_epi32(m, qi + j * cs + r))})
-                                     : hn::Vec<DF>{_mm512_maskz_expandloadu_ps(m, qf + j * cs + r)};
-                              auto s = hn::Add(hn::Set(d, bias[j]), code);
-                              const float* aj = a + j * kG * as + t;
-                              std::int64_t e = 0;
-                              ((s = hn::MulAdd(hn::Vec<DF>{_mm512_maskz_loadu_ps(m, aj + (e++) * as)}, diff, s)), ...);
-                              _mm512_mask_storeu_ps(out + j * os + t, m, s.raw);
-                            }
-                          };
-                          EntryPairs<kG>(lo, hi, [&](auto... xv) KVCAL_ENTRY_INLINE {
-                            [&]<std::size_t... kE>(std::index_sequence<kE...>) KVCAL_ENTRY_INLINE {
-                              queries(hn::Sub(xv, lookup(d, hn::Vec<hn::RebindToSigned<DF>>{_mm512_maskz_loadu_epi32(
-                                                                m, idx + static_cast<std::int64_t>(kE) * is + t)}))...);
-                            }
-                            (std::make_index_sequence<kG>());
-                          });
-                        });
+    ExpandedVectors<kG>(
+        x, kept, nk, tokens,
+        [&](std::int64_t t, std::int64_t r, __mmask16 m, __m512i lo, __m512i hi) KVCAL_ENTRY_INLINE {
+          const DF d;
+          const auto queries = [&](auto... diff) KVCAL_ENTRY_INLINE {
+            for (std::int64_t j = 0; j < nq; ++j) {
+              const auto code =
+                  qi ? hn::Mul(hn::Set(d, w[j]),
+                               hn::Vec<DF>{_mm512_cvtepi32_ps(_mm512_maskz_expandloadu_epi32(m, qi + j * cs + r))})
+                     : hn::Vec<DF>{_mm512_maskz_expandloadu_ps(m, qf + j * cs + r)};
+              auto s = hn::Add(hn::Set(d, bias[j]), code);
+              const float* aj = a + j * kG * as + t;
+              std::int64_t e = 0;
+              ((s = hn::MulAdd(hn::Vec<DF>{_mm512_maskz_loadu_ps(m, aj + (e++) * as)}, diff, s)), ...);
+              _mm512_mask_storeu_ps(out + j * os + t, m, s.raw);
+            }
+          };
+          EntryPairs<kG>(lo, hi, [&](auto... xv) KVCAL_ENTRY_INLINE {
+            [&]<std::size_t... kE>(std::index_sequence<kE...>) KVCAL_ENTRY_INLINE {
+              queries(hn::Sub(xv, lookup(d, hn::Vec<hn::RebindToSigned<DF>>{_mm512_maskz_loadu_epi32(
+                                                m, idx + static_cast<std::int64_t>(kE) * is + t)}))...);
+            }
+            (std::make_index_sequence<kG>());
+          });
+        });
   };
 #endif
   WithEntries(g, [&](auto kg) {
@@ -599,9 +599,8 @@ HWY_FLATTEN void ValueRunWeights(const float* HWY_RESTRICT params, const half_bi
                   hn::Store(hn::MulAdd(pv, mn, hn::Load(df, sj)), df, sj);
                   float* yj = y + j * kG * ys + t;
                   std::int64_t e = 0;
-                  ((_mm512_mask_storeu_ps(
-                        yj + e * ys, m,
-                        hn::MulAdd(pv, diff, hn::Vec<DF>{_mm512_maskz_loadu_ps(m, yj + e * ys)}).raw),
+                  ((_mm512_mask_storeu_ps(yj + e * ys, m,
+                                          hn::MulAdd(pv, diff, hn::Vec<DF>{_mm512_maskz_loadu_ps(m, yj + e * ys)}).raw),
                     ++e),
                    ...);
                 }

@@ -2117,8 +2117,10 @@ KVCAL_FLATTEN std::int64_t ScoresIntRows(D8 d8, const std::uint8_t* codes, std::
 // Taken for 4-bit rows (and 3-bit rows widened to 4 bits); decode at a group
 // of 4 on that guest, 5 interleaved rounds: hex4@int8 5% less time,
 // hex4@int14 9%, kcvt4@int14 5%; kcvt4@int8 5-6.5% more in two such runs,
-// 2.5-3.7% less in two later ones (README). 2-bit rows keep ScoresIntRows:
-// 20% faster in cache, no faster in the decode.
+// 2.5-3.7% less in two later ones (README). 2-bit rows too: 20% faster in
+// cache; in the decode no faster at first, then, with the expander entries'
+// kernels a block at a time, hex2@int8 2.5-11% and kcvt2@int8 3.4-4.9% less
+// time at a group of 4 (two 5-round runs, native).
 // Accumulators per query and phase (kPairs: int16 pair sums, at most
 // kPairSums a lane: 4 run / Lanes(d8) per phase, checked by the caller).
 // Returns the rows done (a multiple of 4); 0 where the packed weights do not
@@ -2228,10 +2230,10 @@ void ScoresIntGroups(D8 d8, const std::uint8_t* codes, std::int64_t rows, std::i
           return ScoresIntRows<kBits, kQ, kL, kR, kPairTarget>(d8, c, n, row_bytes, run, dim, wj, w8_stride, o, os);
         return ScoresIntRows<kBits, kQ, kL, kR, false>(d8, c, n, row_bytes, run, dim, wj, w8_stride, o, os);
       };
-      // 4-bit rows on targets with 32 vector registers (AVX-512, NEON, not
+      // 4- and 2-bit rows on targets with 32 vector registers (AVX-512, NEON, not
       // timed on AVX2's 16, where kQ kPer accumulators and the four
       // transposed vectors would fill them): see ScoresIntT4.
-      if constexpr (kQ >= 2 && kBits == 4 && kAccVectors >= 16) {
+      if constexpr (kQ >= 2 && (kBits == 4 || kBits == 2) && kAccVectors >= 16) {
         const auto four = [&](const std::uint8_t* c, std::int64_t n, std::int32_t* o) {
           // Pair sums: each lane adds 4 run / Lanes(d8) of them per phase.
           if (kPairTarget && 4 * run / static_cast<std::int64_t>(hn::Lanes(d8)) <= kPairSums)
