@@ -518,13 +518,18 @@ HWY_FLATTEN void KeyRunScores(const float* HWY_RESTRICT b, std::int64_t b_size, 
   WithEntries(g, [&](auto kg) {
     vectors = true;
 #if KVCAL_TABLE128
+    // The runs (block) instantiated only where the expanded path does not
+    // take the block.
     if constexpr (decltype(kg)::value == 2 || decltype(kg)::value == 4) {
       if (b_size <= 128) return expanded(kg, Table128(b, b_size));
       return expanded(kg, Gather{b});
+    } else {
+      if (b_size <= 128) return block(kg, Table128(b, b_size));
+      return block(kg, Gather{b});
     }
-    if (b_size <= 128) return block(kg, Table128(b, b_size));
-#endif
+#else
     block(kg, Gather{b});
+#endif
   });
 #endif
   (void)b_size;
@@ -568,48 +573,9 @@ HWY_FLATTEN void ValueRunWeights(const float* HWY_RESTRICT params, const half_bi
     const auto NF = static_cast<std::int64_t>(hn::Lanes(df));
     HWY_ALIGN float sums[kRunQueries * kMaxLanes];  // per query, its lanes' sums of p * min
     for (std::int64_t k = 0; k < nq * NF; ++k) sums[k] = 0.0f;
-    WithEntries(g, [&](auto kg) {
+    // The runs of quantized tokens between the kept ones, as KeyRunScores.
+    const auto block = [&](auto kg) KVCAL_ENTRY_INLINE {
       constexpr int kG = decltype(kg)::value;
-      vectors = true;
-#if KVCAL_TABLE128
-      if constexpr (kG == 2 || kG == 4) {
-        // Whole vectors across the kept tokens (ExpandedVectors): p, y
-        // masked per token (0 in clear lanes, which then add nothing to the
-        // sums), the (delta, min) pairs expanded per quantized row, a
-        // compressed back to its rows.
-        alignas(64) static constexpr std::int32_t kEven[16] = {0,  2,  4,  6,  8,  10, 12, 14,
-                                                               16, 18, 20, 22, 24, 26, 28, 30};
-        alignas(64) static constexpr std::int32_t kOdd[16] = {1,  3,  5,  7,  9,  11, 13, 15,
-                                                              17, 19, 21, 23, 25, 27, 29, 31};
-        const __m512i even = _mm512_load_si512(kEven), odd = _mm512_load_si512(kOdd);
-        ExpandedVectors<kG>(
-            x, kept, nk, tokens,
-            [&](std::int64_t t, std::int64_t r, __mmask16 m, __m512i lo, __m512i hi) KVCAL_ENTRY_INLINE {
-              const auto m0 = static_cast<__mmask8>(m & 0xffu);
-              const __m512 p0 = _mm512_castsi512_ps(_mm512_maskz_expandloadu_epi64(m0, params + 2 * r));
-              const __m512 p1 = _mm512_castsi512_ps(_mm512_maskz_expandloadu_epi64(
-                  static_cast<__mmask8>(m >> 8), params + 2 * (r + __builtin_popcount(m0))));
-              const hn::Vec<DF> dl{_mm512_permutex2var_ps(p0, even, p1)}, mn{_mm512_permutex2var_ps(p0, odd, p1)};
-              const auto rows = static_cast<__mmask16>((1u << __builtin_popcount(m)) - 1u);
-              const auto queries = [&](auto... diff) KVCAL_ENTRY_INLINE {
-                for (std::int64_t j = 0; j < nq; ++j) {
-                  const hn::Vec<DF> pv{_mm512_maskz_loadu_ps(m, p + j * ps + t)};
-                  _mm512_mask_storeu_ps(a + j * as + r, rows, _mm512_maskz_compress_ps(m, hn::Mul(pv, dl).raw));
-                  float* sj = sums + j * NF;
-                  hn::Store(hn::MulAdd(pv, mn, hn::Load(df, sj)), df, sj);
-                  float* yj = y + j * kG * ys + t;
-                  std::int64_t e = 0;
-                  ((_mm512_mask_storeu_ps(yj + e * ys, m,
-                                          hn::MulAdd(pv, diff, hn::Vec<DF>{_mm512_maskz_loadu_ps(m, yj + e * ys)}).raw),
-                    ++e),
-                   ...);
-                }
-              };
-              EntryPairs<kG>(lo, hi, [&](auto... xv) KVCAL_ENTRY_INLINE { queries(hn::Sub(xv, mn)...); });
-            });
-        return;
-      }
-#endif
       Runs(kept, nk, tokens, [&](std::int64_t t0, std::int64_t n, std::int64_t qr0) KVCAL_ENTRY_INLINE {
         const std::int64_t done = Vectors(n, [&](auto d, std::int64_t i, std::int64_t fresh) KVCAL_ENTRY_INLINE {
           const auto N = static_cast<std::int64_t>(hn::Lanes(d));
@@ -635,6 +601,56 @@ HWY_FLATTEN void ValueRunWeights(const float* HWY_RESTRICT params, const half_bi
         });
         scalar(t0, n, qr0, done);
       });
+    };
+#if KVCAL_TABLE128
+    const auto expanded = [&](auto kg) KVCAL_ENTRY_INLINE {
+      constexpr int kG = decltype(kg)::value;
+      // Whole vectors across the kept tokens (ExpandedVectors): p, y
+      // masked per token (0 in clear lanes, which then add nothing to the
+      // sums), the (delta, min) pairs expanded per quantized row, a
+      // compressed back to its rows.
+      alignas(64) static constexpr std::int32_t kEven[16] = {0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30};
+      alignas(64) static constexpr std::int32_t kOdd[16] = {1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31};
+      const __m512i even = _mm512_load_si512(kEven), odd = _mm512_load_si512(kOdd);
+      ExpandedVectors<kG>(
+          x, kept, nk, tokens,
+          [&](std::int64_t t, std::int64_t r, __mmask16 m, __m512i lo, __m512i hi) KVCAL_ENTRY_INLINE {
+            const auto m0 = static_cast<__mmask8>(m & 0xffu);
+            const __m512 p0 = _mm512_castsi512_ps(_mm512_maskz_expandloadu_epi64(m0, params + 2 * r));
+            const __m512 p1 = _mm512_castsi512_ps(_mm512_maskz_expandloadu_epi64(
+                static_cast<__mmask8>(m >> 8), params + 2 * (r + __builtin_popcount(m0))));
+            const hn::Vec<DF> dl{_mm512_permutex2var_ps(p0, even, p1)}, mn{_mm512_permutex2var_ps(p0, odd, p1)};
+            const auto rows = static_cast<__mmask16>((1u << __builtin_popcount(m)) - 1u);
+            const auto queries = [&](auto... diff) KVCAL_ENTRY_INLINE {
+              for (std::int64_t j = 0; j < nq; ++j) {
+                const hn::Vec<DF> pv{_mm512_maskz_loadu_ps(m, p + j * ps + t)};
+                _mm512_mask_storeu_ps(a + j * as + r, rows, _mm512_maskz_compress_ps(m, hn::Mul(pv, dl).raw));
+                float* sj = sums + j * NF;
+                hn::Store(hn::MulAdd(pv, mn, hn::Load(df, sj)), df, sj);
+                float* yj = y + j * kG * ys + t;
+                std::int64_t e = 0;
+                ((_mm512_mask_storeu_ps(yj + e * ys, m,
+                                        hn::MulAdd(pv, diff, hn::Vec<DF>{_mm512_maskz_loadu_ps(m, yj + e * ys)}).raw),
+                  ++e),
+                 ...);
+              }
+            };
+            EntryPairs<kG>(lo, hi, [&](auto... xv) KVCAL_ENTRY_INLINE { queries(hn::Sub(xv, mn)...); });
+          });
+    };
+#endif
+    WithEntries(g, [&](auto kg) {
+      vectors = true;
+#if KVCAL_TABLE128
+      // The runs (block) instantiated only where the expanded path does
+      // not take the block.
+      if constexpr (decltype(kg)::value == 2 || decltype(kg)::value == 4)
+        expanded(kg);
+      else
+        block(kg);
+#else
+      block(kg);
+#endif
     });
     if (vectors)
       for (std::int64_t j = 0; j < nq; ++j) base[j] += hn::GetLane(hn::SumOfLanes(df, hn::Load(df, sums + j * NF)));
