@@ -13,6 +13,7 @@
 #include "runtime/hex/block.h"
 #include "runtime/hex/entries_cpu.h"
 #include "runtime/hex/kernels_cpu.h"
+#include "runtime/hex/runs.h"
 
 namespace kvcal::runtime {
 
@@ -238,16 +239,12 @@ struct CodeRows {
 
 // Calls f(first, count, quantized_index_of_first) for each run of quantized
 // tokens between the kept ones, and g(t, kept_index) for each kept token, in
-// token order.
+// token order (TokenRuns).
 template <class Quant, class Kept>
 void walk_tokens(const HexBlockView& b, Quant f, Kept g) {
-  std::int64_t t = 0, qr = 0;
-  for (std::int64_t kept = 0; kept <= b.kept_rows; ++kept) {
-    const std::int64_t end = kept < b.kept_rows ? b.kept_index[kept] : b.tokens;
-    if (end > t) f(t, end - t, qr);
-    qr += end - t;
-    if (kept < b.kept_rows) g(end, kept);
-    t = end + 1;
+  for (TokenRuns s{b.kept_index, b.kept_rows, b.tokens}; s.next();) {
+    if (s.n > 0) f(s.t0, s.n, s.qr0);
+    if (s.at_kept()) g(s.end, s.k);
   }
 }
 

@@ -21,6 +21,7 @@
 #include <utility>
 
 #include "runtime/hex/entries_cpu.h"
+#include "runtime/hex/runs.h"
 
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "runtime/hex/entries_cpu.cpp"
@@ -374,18 +375,11 @@ HWY_FLATTEN float ValueWeights(const float* HWY_RESTRICT params, const float* HW
 
 // Calls f(t0, n, qr0) for each run of quantized tokens [t0, t0 + n) of a
 // block of `tokens` tokens between its nk kept ones (kept: their positions,
-// ascending), qr0 the quantized row of t0.
+// ascending), qr0 the quantized row of t0 (TokenRuns).
 template <class F>
 HWY_INLINE void Runs(const std::uint16_t* HWY_RESTRICT kept, std::int64_t nk, std::int64_t tokens, F f) {
-  std::int64_t t = 0, qr = 0;
-  for (std::int64_t k = 0; k <= nk; ++k) {
-    const std::int64_t end = k < nk ? kept[k] : tokens;
-    if (end > t) {
-      f(t, end - t, qr);
-      qr += end - t;
-    }
-    t = end + 1;
-  }
+  for (TokenRuns s{kept, nk, tokens}; s.next();)
+    if (s.n > 0) f(s.t0, s.n, s.qr0);
 }
 
 #if KVCAL_TABLE128
