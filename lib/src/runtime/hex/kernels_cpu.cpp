@@ -2123,8 +2123,10 @@ KVCAL_FLATTEN std::int64_t ScoresIntRows(D8 d8, const std::uint8_t* codes, std::
 // time at a group of 4 (two 5-round runs, native).
 // Accumulators per query and phase (kPairs: int16 pair sums, at most
 // kPairSums a lane: 4 run / Lanes(d8) per phase, checked by the caller).
-// Returns the rows done (a multiple of 4); 0 where the packed weights do not
-// fit (the caller's other kernels do the rows).
+// Returns the rows done: all of them (the last step overlapping the one
+// before where rows is not a multiple of 4), or 0 where the packed weights
+// do not fit or there are fewer than 4 rows (the caller's other kernels do
+// the rows).
 template <int kBits, int kQ, int kL, bool kPairs, class D8>
 KVCAL_FLATTEN std::int64_t ScoresIntT4(D8 d8, const std::uint8_t* codes, std::int64_t rows, std::int64_t row_bytes,
                                        std::int64_t run, std::int64_t dim, const std::int8_t* w8,
@@ -2160,8 +2162,7 @@ KVCAL_FLATTEN std::int64_t ScoresIntT4(D8 d8, const std::uint8_t* codes, std::in
   // ahead). The rows before the loop's first request are requested here.
   constexpr std::int64_t kT4Ahead = 2 * kPrefetchRows;
   for (std::int64_t k = 0; k < std::min(rows, kT4Ahead); ++k) __builtin_prefetch(codes + k * row_bytes, 0, 3);
-  std::int64_t r = 0;
-  for (; r + 4 <= rows; r += 4) {
+  const auto step = [&](std::int64_t r) KVCAL_INLINE_LAMBDA {
     hn::Vec<decltype(da)> h[kA], l[kA];
     Unroll<kA>([&](auto x) KVCAL_INLINE_LAMBDA { h[x] = l[x] = hn::Zero(da); });
     const std::uint8_t* row = codes + r * row_bytes;
@@ -2207,8 +2208,15 @@ KVCAL_FLATTEN std::int64_t ScoresIntT4(D8 d8, const std::uint8_t* codes, std::in
       });
       StoreBlockSum(d32, MergeLimbs<kL>(hs, ls), out + decltype(j)::value * out_stride + r);
     });
-  }
-  return r;
+  };
+  if (rows < 4) return 0;
+  std::int64_t r = 0;
+  for (; r + 4 <= rows; r += 4) step(r);
+  // The last rows (fewer than four): one more step over the last four,
+  // overlapping the one before, whose rows get the same sums (the weights
+  // packed above serve it).
+  if (r < rows) step(rows - 4);
+  return rows;
 }
 #endif
 
@@ -2240,12 +2248,7 @@ void ScoresIntGroups(D8 d8, const std::uint8_t* codes, std::int64_t rows, std::i
             return ScoresIntT4<kBits, kQ, kL, kPairTarget>(d8, c, n, row_bytes, run, dim, wj, w8_stride, o, out_stride);
           return ScoresIntT4<kBits, kQ, kL, false>(d8, c, n, row_bytes, run, dim, wj, w8_stride, o, out_stride);
         };
-        if (const std::int64_t done = four(codes, rows, oj); done > 0) {
-          // The last rows (fewer than four): one more step over the last
-          // four, overlapping the one before, whose rows get the same sums.
-          if (done < rows) four(codes + (rows - 4) * row_bytes, 4, oj + (rows - 4));
-          return;
-        }
+        if (four(codes, rows, oj) == rows) return;
       }
       r = unrolled(codes, rows, oj, out_stride);
       // More than half a step of rows left (a HEX block's kept tokens leave
