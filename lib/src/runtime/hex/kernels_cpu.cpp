@@ -2139,7 +2139,7 @@ KVCAL_FLATTEN std::int64_t ScoresIntT4(D8 d8, const std::uint8_t* codes, std::in
   const hn::Repartition<std::uint64_t, D8> du64;
   const auto N = static_cast<std::int64_t>(hn::Lanes(d8));
   constexpr std::int64_t kPacked = 16384;
-  if (4 * kL * kA * run > kPacked) return 0;
+  if (rows < 4 || 4 * kL * kA * run > kPacked) return 0;
   // Per vector i: [query][phase][m][limb] vectors of N bytes.
   HWY_ALIGN std::int8_t wp[kPacked];
   for (std::int64_t i = 0; i < run; i += N)
@@ -2209,7 +2209,6 @@ KVCAL_FLATTEN std::int64_t ScoresIntT4(D8 d8, const std::uint8_t* codes, std::in
       StoreBlockSum(d32, MergeLimbs<kL>(hs, ls), out + decltype(j)::value * out_stride + r);
     });
   };
-  if (rows < 4) return 0;
   std::int64_t r = 0;
   for (; r + 4 <= rows; r += 4) step(r);
   // The last rows (fewer than four): one more step over the last four,
