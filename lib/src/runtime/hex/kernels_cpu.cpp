@@ -2114,7 +2114,8 @@ KVCAL_FLATTEN std::int64_t ScoresIntRows(D8 d8, const std::uint8_t* codes, std::
 // reductions were most of its work beyond the products (bench_kernels, one
 // block in cache, group 4, on a Zen 5 guest: int8 4-bit 247 -> 184 ns,
 // int14 4-bit 485 -> 287; with the requests ahead below, 200 and 341).
-// Taken for 4-bit rows (and 3-bit rows widened to 4 bits); decode at a group
+// Taken for 4-bit rows (and for 3-bit rows: on AVX-512 read in place, see
+// ScoresIntPer, elsewhere widened to 4 bits first); decode at a group
 // of 4 on that guest, 5 interleaved rounds: hex4@int8 5% less time,
 // hex4@int14 9%, kcvt4@int14 5%; kcvt4@int8 5-6.5% more in two such runs,
 // 2.5-3.7% less in two later ones (README). 2-bit rows too: 20% faster in
@@ -2122,7 +2123,7 @@ KVCAL_FLATTEN std::int64_t ScoresIntRows(D8 d8, const std::uint8_t* codes, std::
 // kernels a block at a time, hex2@int8 2.5-11% and kcvt2@int8 3.4-4.9% less
 // time at a group of 4 (two 5-round runs, native).
 // Accumulators per query and phase (kPairs: int16 pair sums, at most
-// kPairSums a lane: 4 run / Lanes(d8) per phase, checked by the caller).
+// kPairSums a lane: 4 run / Lanes(d8) per phase, checked by ScoresIntFour).
 // Returns the rows done: all of them (the last step overlapping the one
 // before where rows is not a multiple of 4), or 0 where the packed weights
 // do not fit or there are fewer than 4 rows (the caller's other kernels do
@@ -2131,7 +2132,7 @@ template <int kBits, int kQ, int kL, bool kPairs, class D8>
 KVCAL_FLATTEN std::int64_t ScoresIntT4(D8 d8, const std::uint8_t* codes, std::int64_t rows, std::int64_t row_bytes,
                                        std::int64_t run, std::int64_t dim, const std::int8_t* w8,
                                        std::int64_t w8_stride, std::int32_t* out, std::int64_t out_stride) {
-  static_assert(kBits == 2 || kBits == 4, "stored 2- or 4-bit rows (3-bit rows widened first)");
+  static_assert(kBits >= 2 && kBits <= 4, "stored 2-, 3- or 4-bit rows");
   constexpr int kPer = IntPhases(kBits), kA = kQ * kPer;
   const hn::Repartition<std::int8_t, D8> di8;
   const hn::Repartition<std::int32_t, D8> d32;
@@ -2139,7 +2140,8 @@ KVCAL_FLATTEN std::int64_t ScoresIntT4(D8 d8, const std::uint8_t* codes, std::in
   const hn::Repartition<std::uint64_t, D8> du64;
   const auto N = static_cast<std::int64_t>(hn::Lanes(d8));
   constexpr std::int64_t kPacked = 16384;
-  if (rows < 4 || 4 * kL * kA * run > kPacked) return 0;
+  constexpr std::int64_t kTail = kBits == 3 ? 4096 : 1;  // 3 bits: the last four rows widened
+  if (rows < 4 || 4 * kL * kA * run > kPacked || (kBits == 3 && 4 * run > kTail)) return 0;
   // Per vector i: [query][phase][m][limb] vectors of N bytes.
   HWY_ALIGN std::int8_t wp[kPacked];
   for (std::int64_t i = 0; i < run; i += N)
@@ -2162,18 +2164,24 @@ KVCAL_FLATTEN std::int64_t ScoresIntT4(D8 d8, const std::uint8_t* codes, std::in
   // ahead). The rows before the loop's first request are requested here.
   constexpr std::int64_t kT4Ahead = 2 * kPrefetchRows;
   for (std::int64_t k = 0; k < std::min(rows, kT4Ahead); ++k) __builtin_prefetch(codes + k * row_bytes, 0, 3);
-  const auto step = [&](std::int64_t r) KVCAL_INLINE_LAMBDA {
+  [[maybe_unused]] const Groups3<D8> g3;
+  // Four rows of kB-bit codes from row, stride apart (kB = 3: stored 3-bit
+  // rows read in place, not the block's last; 4: also 3-bit rows widened to
+  // 4 bits), their scores to out + r.
+  const auto step = [&](const std::uint8_t* row, std::int64_t stride, std::int64_t r, auto bits_c) KVCAL_INLINE_LAMBDA {
+    constexpr int kB = decltype(bits_c)::value;
     hn::Vec<decltype(da)> h[kA], l[kA];
     Unroll<kA>([&](auto x) KVCAL_INLINE_LAMBDA { h[x] = l[x] = hn::Zero(da); });
-    const std::uint8_t* row = codes + r * row_bytes;
+    const std::uint8_t* stored = codes + r * row_bytes;
     for (int k = 0; k < 4; ++k)  // past the end is harmless
-      __builtin_prefetch(row + (kT4Ahead + k) * row_bytes, 0, 3);
+      __builtin_prefetch(stored + (kT4Ahead + k) * row_bytes, 0, 3);
     for (std::int64_t i = 0; i < run; i += N) {
       const std::int8_t* wi = Launder(wp + i * 4 * kL * kA);
-      const auto c0 = hn::BitCast(du32, hn::LoadU(d8, row + i));
-      const auto c1 = hn::BitCast(du32, hn::LoadU(d8, row + row_bytes + i));
-      const auto c2 = hn::BitCast(du32, hn::LoadU(d8, row + 2 * row_bytes + i));
-      const auto c3 = hn::BitCast(du32, hn::LoadU(d8, row + 3 * row_bytes + i));
+      const std::uint8_t* at = row + IntOffset<kB>(i);
+      const auto c0 = hn::BitCast(du32, IntBytes<kB>(d8, at, g3));
+      const auto c1 = hn::BitCast(du32, IntBytes<kB>(d8, at + stride, g3));
+      const auto c2 = hn::BitCast(du32, IntBytes<kB>(d8, at + 2 * stride, g3));
+      const auto c3 = hn::BitCast(du32, IntBytes<kB>(d8, at + 3 * stride, g3));
       const auto lo01 = hn::BitCast(du64, hn::InterleaveLower(du32, c0, c1));
       const auto hi01 = hn::BitCast(du64, hn::InterleaveUpper(du32, c0, c1));
       const auto lo23 = hn::BitCast(du64, hn::InterleaveLower(du32, c2, c3));
@@ -2184,7 +2192,7 @@ KVCAL_FLATTEN std::int64_t ScoresIntT4(D8 d8, const std::uint8_t* codes, std::in
                                 hn::BitCast(d8, hn::InterleaveUpper(du64, hi01, hi23))};
       Unroll<4>([&](auto m) KVCAL_INLINE_LAMBDA {
         hn::Vec<D8> ph[kPer];
-        Unroll<kPer>([&](auto k) KVCAL_INLINE_LAMBDA { ph[k] = PhaseBytes<kBits, k>(d8, t[m]); });
+        Unroll<kPer>([&](auto k) KVCAL_INLINE_LAMBDA { ph[k] = PhaseBytes<kB, k>(d8, t[m]); });
         Unroll<kQ>([&](auto j) KVCAL_INLINE_LAMBDA {
           Unroll<kPer>([&](auto k) KVCAL_INLINE_LAMBDA {
             constexpr int x = decltype(j)::value * kPer + decltype(k)::value;
@@ -2210,12 +2218,35 @@ KVCAL_FLATTEN std::int64_t ScoresIntT4(D8 d8, const std::uint8_t* codes, std::in
     });
   };
   std::int64_t r = 0;
-  for (; r + 4 <= rows; r += 4) step(r);
-  // The last rows (fewer than four): one more step over the last four,
-  // overlapping the one before, whose rows get the same sums (the weights
-  // packed above serve it).
-  if (r < rows) step(rows - 4);
+  if constexpr (kBits == 3) {
+    // In place but for the block's last row (IntBytes<3> reads past its
+    // row): the last four rows widened to 4-bit rows make the last step,
+    // overlapping the one before where rows - 1 is not a multiple of 4.
+    for (; r + 4 <= rows - 1; r += 4) step(codes + r * row_bytes, row_bytes, r, std::integral_constant<int, 3>());
+    HWY_ALIGN std::uint8_t tail[kTail];
+    WidenRows3<false>(codes + (rows - 4) * row_bytes, 4, row_bytes, 2 * run, tail);
+    step(tail, run, rows - 4, std::integral_constant<int, 4>());
+  } else {
+    const auto stored = std::integral_constant<int, kBits>();
+    for (; r + 4 <= rows; r += 4) step(codes + r * row_bytes, row_bytes, r, stored);
+    // The last rows (fewer than four): one more step over the last four,
+    // overlapping the one before, whose rows get the same sums (the weights
+    // packed above serve it).
+    if (r < rows) step(codes + (rows - 4) * row_bytes, row_bytes, rows - 4, stored);
+  }
   return rows;
+}
+
+// ScoresIntT4 with int16 pair sums where each lane adds at most kPairSums of
+// them per phase (4 run / Lanes(d8)), else int32 sums.
+template <int kBits, int kQ, int kL, class D8>
+HWY_INLINE std::int64_t ScoresIntFour(D8 d8, const std::uint8_t* codes, std::int64_t rows, std::int64_t row_bytes,
+                                      std::int64_t run, std::int64_t dim, const std::int8_t* w8, std::int64_t w8_stride,
+                                      std::int32_t* out, std::int64_t out_stride) {
+  if (kPairTarget && 4 * run / static_cast<std::int64_t>(hn::Lanes(d8)) <= kPairSums)
+    return ScoresIntT4<kBits, kQ, kL, kPairTarget>(d8, codes, rows, row_bytes, run, dim, w8, w8_stride, out,
+                                                   out_stride);
+  return ScoresIntT4<kBits, kQ, kL, false>(d8, codes, rows, row_bytes, run, dim, w8, w8_stride, out, out_stride);
 }
 #endif
 
@@ -2241,13 +2272,8 @@ void ScoresIntGroups(D8 d8, const std::uint8_t* codes, std::int64_t rows, std::i
       // timed on AVX2's 16, where kQ kPer accumulators and the four
       // transposed vectors would fill them): see ScoresIntT4.
       if constexpr (kQ >= 2 && (kBits == 4 || kBits == 2) && kAccVectors >= 16) {
-        const auto four = [&](const std::uint8_t* c, std::int64_t n, std::int32_t* o) {
-          // Pair sums: each lane adds 4 run / Lanes(d8) of them per phase.
-          if (kPairTarget && 4 * run / static_cast<std::int64_t>(hn::Lanes(d8)) <= kPairSums)
-            return ScoresIntT4<kBits, kQ, kL, kPairTarget>(d8, c, n, row_bytes, run, dim, wj, w8_stride, o, out_stride);
-          return ScoresIntT4<kBits, kQ, kL, false>(d8, c, n, row_bytes, run, dim, wj, w8_stride, o, out_stride);
-        };
-        if (four(codes, rows, oj) == rows) return;
+        if (ScoresIntFour<kBits, kQ, kL>(d8, codes, rows, row_bytes, run, dim, wj, w8_stride, oj, out_stride) == rows)
+          return;
       }
       r = unrolled(codes, rows, oj, out_stride);
       // More than half a step of rows left (a HEX block's kept tokens leave
@@ -2319,7 +2345,13 @@ void ScoresIntPer(D8 d8, int bits, const std::uint8_t* codes, std::int64_t rows,
       // time, so that waiting for them from memory overlaps the arithmetic
       // (widened first, the wait came before any arithmetic: hex3@int8 decode
       // at a group of 4 on a Zen 5 guest 5% slower); the rows from the last
-      // unrolled step on, which hold the block's last row, widened.
+      // unrolled step on, which hold the block's last row, widened. Two or
+      // more queries take ScoresIntT4 on the rows in place (its last step
+      // widened): slower than ScoresIntRows in cache (bench_kernels
+      // kernel/scores/int8/3/4 on that guest, 327 -> 356 ns), but hex3@int8
+      // decode at a group of 4 took 10-13% less time in three interleaved
+      // runs (2.44-2.56 -> 2.12-2.20 ms): the rows wait on memory, and the
+      // widening in registers overlaps that wait.
       const bool pairs = kPairTarget && run / static_cast<std::int64_t>(hn::Lanes(d8)) * IntPhases(3) <= kPairSums;
       std::int64_t r = rows;
       for (std::int64_t j = 0; j < nq; j += 4) {
@@ -2328,6 +2360,9 @@ void ScoresIntPer(D8 d8, int bits, const std::uint8_t* codes, std::int64_t rows,
         const auto group = [&](auto kq) {
           constexpr int kQ = decltype(kq)::value;
           constexpr int kR = std::max(1, (kAccVectors / kL) / kQ);
+          if constexpr (kQ >= 2)  // four rows at a time, all of them where it can
+            if (ScoresIntFour<3, kQ, kL>(d8, codes, rows, row_bytes, run, dim, wj, w8_stride, oj, out_stride) == rows)
+              return rows;
           if (pairs)
             return ScoresIntRows<3, kQ, kL, kR, kPairTarget>(d8, codes, rows, row_bytes, run, dim, wj, w8_stride, oj,
                                                              out_stride);
