@@ -2348,10 +2348,11 @@ void ScoresIntPer(D8 d8, int bits, const std::uint8_t* codes, std::int64_t rows,
       // unrolled step on, which hold the block's last row, widened. Two or
       // more queries take ScoresIntT4 on the rows in place (its last step
       // widened): slower than ScoresIntRows in cache (bench_kernels
-      // kernel/scores/int8/3/4 on that guest, 327 -> 356 ns), but hex3@int8
-      // decode at a group of 4 took 10-13% less time in three interleaved
-      // runs (2.44-2.56 -> 2.12-2.20 ms): the rows wait on memory, and the
-      // widening in registers overlaps that wait.
+      // kernel/scores/int8/3/4 on that guest, 3 interleaved rounds: 327-333
+      // -> 354-358 ns), but hex3@int8 decode at a group of 4 took 10-13%
+      // less time in three runs of 3 interleaved rounds (2.39-2.45 ->
+      // 2.12-2.20 ms): the rows wait on memory, and the widening in
+      // registers overlaps that wait.
       const bool pairs = kPairTarget && run / static_cast<std::int64_t>(hn::Lanes(d8)) * IntPhases(3) <= kPairSums;
       std::int64_t r = rows;
       for (std::int64_t j = 0; j < nq; j += 4) {
