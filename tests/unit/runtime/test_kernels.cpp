@@ -704,6 +704,27 @@ TEST(HexKernels, IntegerCodeKernelsHoldTheirExtremes) {
   });
 }
 
+// The value kernel over a block of more rows than its int32 sums of masked
+// phases could hold at the extremes: phase k's codes are summed times 2^(k b)
+// on some targets (up to 240 for 4 bits), and 70001 rows of 240 * -128 pass
+// -2^31 unless the kernel adds them up a span of rows at a time. Closed
+// form as above; the same check on every target.
+TEST(HexKernels, IntegerValueKernelHoldsLongBlocksAtTheExtremes) {
+  on_every_target([] {
+    for (const int bits : {2, 4})
+      for (const i64 nq : {1, 4}) {
+        SCOPED_TRACE("bits " + std::to_string(bits) + " nq " + std::to_string(nq));
+        const i64 rows = 70001, dim = 128, rb = dim * bits / 8;
+        const std::int64_t code = (1 << bits) - 1, weight = -128;
+        const std::vector<std::uint8_t> codes(static_cast<std::size_t>(rows * rb), 0xff);
+        const std::vector<std::int8_t> a(static_cast<std::size_t>(nq * rows), static_cast<std::int8_t>(weight));
+        std::vector<std::int32_t> acc(static_cast<std::size_t>(nq * dim), 0);
+        code_accumulate_int(codes.data(), rows, rb, bits, dim, 1, a.data(), nq, rows, acc.data(), dim);
+        for (const std::int32_t x : acc) ASSERT_EQ(x, code * weight * rows);
+      }
+  });
+}
+
 // 3-bit rows widened to 4 bits for the integer kernels: every code of every
 // row, bit by bit, from buffers of exactly the rows' size (a read past the
 // end is an error under the sanitizers and valgrind).

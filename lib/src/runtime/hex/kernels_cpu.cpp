@@ -1552,6 +1552,61 @@ HWY_INLINE hn::Vec<D8> PhaseBytes(D8 d8, hn::Vec<D8> b) {
   return hn::And(hn::BitCast(d8, hn::ShiftRight<k * kB>(hn::BitCast(du16, b))), mask);
 }
 
+// Where DotBytes is one VPDPBUSD (unsigned bytes times signed bytes, int32
+// sums: AVX-512 VNNI and AVX-VNNI), the codes of phase k need not be shifted
+// down: the bytes masked in place, b & (mask << k s), are the codes times
+// 2^(k s) (at most 255), and the int32 sums of that phase are shifted down by
+// k s once, exactly (every product is a multiple of 2^(k s)). That saves a
+// shift per vector and phase past the first, which on Intel cores shares the
+// one 512-bit port that runs VPDPBUSD. Not with int16 pair sums
+// (VPMADDUBSW, which would saturate) or the signed dot products of Arm
+// (codes below 128).
+#if HWY_TARGET == HWY_AVX3_DL || defined(KVCAL_AVXVNNI_PASS)
+constexpr bool kMaskedPhases = true;
+#else
+constexpr bool kMaskedPhases = false;
+#endif
+
+// Codes of phase k of kBits-bit rows (CodeBits(kBits) bits a code), times
+// 2^(k kSpacing): their bits in place where kSpacing is the rows' code width
+// (an AND), else moved there first (3-bit codes widened to 4-bit rows,
+// summed with 3-bit ones). 16-bit shifts bring in bits of the next byte,
+// which the mask clears.
+template <int kBits, int k, int kSpacing, class D8>
+HWY_INLINE hn::Vec<D8> MaskedPhaseBytes(D8 d8, hn::Vec<D8> b) {
+  constexpr int kB = CodeBits(kBits), kFrom = k * kB, kTo = k * kSpacing;
+  static_assert(kTo + kB <= 8, "the scaled codes fit a byte");
+  const hn::Repartition<std::uint16_t, D8> du16;
+  const auto mask = hn::Set(d8, static_cast<std::uint8_t>(((1u << kB) - 1u) << kTo));
+  if constexpr (kFrom == kTo) {
+    return hn::And(b, mask);
+  } else if constexpr (kFrom > kTo) {
+    return hn::And(hn::BitCast(d8, hn::ShiftRight<kFrom - kTo>(hn::BitCast(du16, b))), mask);
+  } else {
+    return hn::And(hn::BitCast(d8, hn::ShiftLeft<kTo - kFrom>(hn::BitCast(du16, b))), mask);
+  }
+}
+
+// The codes of phase k as the integer kernels multiply them: masked in place
+// (kMasked, with int32 sums) or shifted down (PhaseBytes).
+template <bool kMasked, int kBits, int k, int kSpacing, class D8>
+HWY_INLINE hn::Vec<D8> KernelPhaseBytes(D8 d8, hn::Vec<D8> b) {
+  if constexpr (kMasked)
+    return MaskedPhaseBytes<kBits, k, kSpacing>(d8, b);
+  else
+    return PhaseBytes<kBits, k>(d8, b);
+}
+
+// int32 sums of phase k's products back to the codes' scale (see
+// kMaskedPhases).
+template <bool kMasked, int k, int kSpacing, class V>
+HWY_INLINE V PhaseScaled(V sums) {
+  if constexpr (kMasked && k > 0)
+    return hn::ShiftRight<k * kSpacing>(sums);
+  else
+    return sums;
+}
+
 // Codes per byte of the rows the integer kernels read: four of 2 bits, two
 // of 4 bits, and two of 3 bits (3-bit rows are read widened, see IntBytes
 // and kWide3).
@@ -1851,8 +1906,15 @@ KVCAL_FLATTEN void AccumulateIntQ(D8 d8, const std::uint8_t* codes, std::int64_t
                                4 * (x / static_cast<std::int64_t>(hn::Lanes(d32))) + x % 4);
   }
 #endif
-  // Rows per int16 accumulation (one pair sum per group of four rows).
-  const std::int64_t span = kPairTarget ? 4 * kPairSums : rows;
+  // The phases' codes masked in place (kMaskedPhases), summed at the scale
+  // 2^(k kSp) for phase k: kSp the code width of the rows, 3 for 3-bit rows
+  // however they are read (their last group widened to 4 bits included).
+  constexpr bool kMasked = kMaskedPhases && !kPairTarget;
+  constexpr int kSp = CodeBits(kBits);
+  // Rows per accumulation in registers: int16, one pair sum per group of
+  // four rows; masked phases, where a group adds at most 4 * 240 * 128 to a
+  // lane, 2^16 rows (2^14 groups) stay below 2^31.
+  const std::int64_t span = kPairTarget ? 4 * kPairSums : kMasked ? std::min<std::int64_t>(rows, 65536) : rows;
   const AccTag<kPairTarget, D8> da;
   [[maybe_unused]] HWY_ALIGN std::uint8_t pad[4 * hn::MaxLanes(d8)];  // 2 and 4 bits
   const Groups3<D8> g3;
@@ -1893,7 +1955,7 @@ KVCAL_FLATTEN void AccumulateIntQ(D8 d8, const std::uint8_t* codes, std::int64_t
           Unroll<kM>([&](auto mm) KVCAL_INLINE_LAMBDA {
             const auto t = Transpose4<D8>::Apply(d8, c0, c1, c2, c3, m0 + mm);
             hn::Vec<D8> ph[kPer];
-            Unroll<kPer>([&](auto k) KVCAL_INLINE_LAMBDA { ph[k] = PhaseBytes<kB, k>(d8, t); });
+            Unroll<kPer>([&](auto k) KVCAL_INLINE_LAMBDA { ph[k] = KernelPhaseBytes<kMasked, kB, k, kSp>(d8, t); });
             Unroll<kQ>([&](auto j) KVCAL_INLINE_LAMBDA {
               constexpr int x0 = (decltype(mm)::value * kQ + decltype(j)::value) * kPer;
               const std::int8_t* wj = w8 + j * w8_stride;
@@ -1932,9 +1994,12 @@ KVCAL_FLATTEN void AccumulateIntQ(D8 d8, const std::uint8_t* codes, std::int64_t
           }
         }
         Unroll<kM * kX>([&](auto x) {
-          hn::Store(AddAcc<kPairTarget>(d8, ha[x], hn::Load(d32, hs + x * N32)), d32, hs + x * N32);
+          constexpr int k = decltype(x)::value % kPer;  // the phase
+          hn::Store(AddAcc<kPairTarget>(d8, PhaseScaled<kMasked, k, kSp>(ha[x]), hn::Load(d32, hs + x * N32)), d32,
+                    hs + x * N32);
           if constexpr (kL == 2)
-            hn::Store(AddAcc<kPairTarget>(d8, la[x], hn::Load(d32, ls + x * N32)), d32, ls + x * N32);
+            hn::Store(AddAcc<kPairTarget>(d8, PhaseScaled<kMasked, k, kSp>(la[x]), hn::Load(d32, ls + x * N32)), d32,
+                      ls + x * N32);
         });
       }
       Unroll<kM * kX>([&](auto x) {
@@ -2354,7 +2419,6 @@ void ScoresIntPer(D8 d8, int bits, const std::uint8_t* codes, std::int64_t rows,
       // 2.12-2.20 ms): the rows wait on memory, and the widening in
       // registers overlaps that wait.
       const bool pairs = kPairTarget && run / static_cast<std::int64_t>(hn::Lanes(d8)) * IntPhases(3) <= kPairSums;
-      std::int64_t r = rows;
       for (std::int64_t j = 0; j < nq; j += 4) {
         const std::int8_t* wj = w8 + j * w8_stride;
         std::int32_t* oj = out + j * out_stride;
@@ -2371,7 +2435,8 @@ void ScoresIntPer(D8 d8, int bits, const std::uint8_t* codes, std::int64_t rows,
                                                      out_stride);
         };
         std::int64_t done = 0;
-        switch (std::min<std::int64_t>(4, nq - j)) {
+        const std::int64_t g = std::min<std::int64_t>(4, nq - j);
+        switch (g) {
           case 1:
             done = group(std::integral_constant<int, 1>());
             break;
@@ -2385,14 +2450,13 @@ void ScoresIntPer(D8 d8, int bits, const std::uint8_t* codes, std::int64_t rows,
             done = group(std::integral_constant<int, 4>());
             break;
         }
-        r = std::min(r, done);
+        if (done < rows)  // this group's rows left (widened), for its queries only
+          WidenedChunks3<false>(codes + done * row_bytes, rows - done, row_bytes, dim,
+                                [&](const std::uint8_t* wide, std::int64_t n, std::int64_t r0) {
+                                  ScoresIntGroups<4, kL>(d8, wide, n, run, run, dim, wj, g, w8_stride,
+                                                         oj + done + r0, out_stride);
+                                });
       }
-      if (r < rows)
-        WidenedChunks3<false>(codes + r * row_bytes, rows - r, row_bytes, dim,
-                              [&](const std::uint8_t* wide, std::int64_t n, std::int64_t r0) {
-                                ScoresIntGroups<4, kL>(d8, wide, n, run, run, dim, w8, nq, w8_stride, out + r + r0,
-                                                       out_stride);
-                              });
       return;
 #endif
     }
