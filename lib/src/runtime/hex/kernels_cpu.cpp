@@ -2453,8 +2453,8 @@ void ScoresIntPer(D8 d8, int bits, const std::uint8_t* codes, std::int64_t rows,
         if (done < rows)  // this group's rows left (widened), for its queries only
           WidenedChunks3<false>(codes + done * row_bytes, rows - done, row_bytes, dim,
                                 [&](const std::uint8_t* wide, std::int64_t n, std::int64_t r0) {
-                                  ScoresIntGroups<4, kL>(d8, wide, n, run, run, dim, wj, g, w8_stride,
-                                                         oj + done + r0, out_stride);
+                                  ScoresIntGroups<4, kL>(d8, wide, n, run, run, dim, wj, g, w8_stride, oj + done + r0,
+                                                         out_stride);
                                 });
       }
       return;
