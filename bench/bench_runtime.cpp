@@ -6,6 +6,9 @@
 //  decode/<method>/<group>: attention of one query per query head (group query
 //    heads per KV head) over a 32K-token cache of 8 KV heads, head dim 128, all
 //    threads (bytes = what the cache stores, i.e. what decode must read).
+//  decode_l2/<method>/<group>: the same over 960 tokens (ten blocks per head;
+//    the compressed caches stay in L2), in microseconds: the decode's compute
+//    with memory left out, what the kernels and the per-block work cost.
 //  streaming_read/<threads>: a vectorised sum over 256 MB, the memory-read
 //    bandwidth the decode figures are compared with.
 // The context line simd_target names the kernels' SIMD target on this host
@@ -34,6 +37,7 @@ namespace {
 namespace rt = kvcal::runtime;
 
 constexpr std::int64_t kHeads = 8, kDim = 128, kBlock = 96, kTokens = 32768;
+constexpr std::int64_t kHotTokens = 960;
 // "@int14", "@int8": the integer dot products (HexDot::int14, HexDot::int8).
 const char* const kMethods[] = {"fp16",        "kcvt4",      "kcvt3",      "kcvt2",       "h2o4",
                                 "hex4",        "hex3",       "hex2",       "kcvt4@int14", "kcvt3@int14",
@@ -84,10 +88,10 @@ rt::HexLayerCache make_cache(const std::string& method, std::int64_t tokens) {
   return c;
 }
 
-const rt::HexLayerCache& cached(const std::string& method) {
-  static std::map<std::string, std::unique_ptr<rt::HexLayerCache>> caches;
-  auto& slot = caches[method];
-  if (!slot) slot = std::make_unique<rt::HexLayerCache>(make_cache(method, kTokens));
+const rt::HexLayerCache& cached(const std::string& method, std::int64_t tokens) {
+  static std::map<std::pair<std::string, std::int64_t>, std::unique_ptr<rt::HexLayerCache>> caches;
+  auto& slot = caches[{method, tokens}];
+  if (!slot) slot = std::make_unique<rt::HexLayerCache>(make_cache(method, tokens));
   return *slot;
 }
 
@@ -109,9 +113,9 @@ void compress_block(benchmark::State& state, const std::string& method) {
       benchmark::Counter(static_cast<double>(state.iterations()), benchmark::Counter::kIsRate);
 }
 
-void decode(benchmark::State& state, const std::string& method) {
+void decode(benchmark::State& state, const std::string& method, std::int64_t tokens) {
   const std::int64_t group = state.range(0);
-  const rt::HexLayerCache& c = cached(method);
+  const rt::HexLayerCache& c = cached(method, tokens);
   std::vector<float> q(static_cast<std::size_t>(kHeads * group * kDim)), out(q.size());
   std::mt19937_64 rng(11);
   std::normal_distribution<float> g(0.0f, 1.0f);
@@ -147,11 +151,17 @@ int register_all() {
           ->Unit(benchmark::kMicrosecond);
   }
   for (const char* m : kMethods)
-    benchmark::RegisterBenchmark((std::string("decode/") + m).c_str(), decode, std::string(m))
+    benchmark::RegisterBenchmark((std::string("decode/") + m).c_str(), decode, std::string(m), kTokens)
         ->Arg(1)
         ->Arg(4)
         ->UseRealTime()
         ->Unit(benchmark::kMillisecond);
+  for (const char* m : kMethods)
+    benchmark::RegisterBenchmark((std::string("decode_l2/") + m).c_str(), decode, std::string(m), kHotTokens)
+        ->Arg(1)
+        ->Arg(4)
+        ->UseRealTime()
+        ->Unit(benchmark::kMicrosecond);
   benchmark::RegisterBenchmark("streaming_read", streaming_read)
       ->Arg(1)
       ->Arg(2)
