@@ -236,7 +236,7 @@ void run_entries(benchmark::State& state) {
   const std::vector<float> mins = normal(kDim), params = normal(2 * nqr), bias = normal(nq), w = normal(nq),
                            a = normal(nq * d1 * kRows), p = normal(nq * kRows);
   std::vector<float> out(static_cast<std::size_t>(nq * kRows)), a_out(static_cast<std::size_t>(nq * nqr)),
-      y(static_cast<std::size_t>(nq * d1 * kRows)), base(static_cast<std::size_t>(nq));
+      y(static_cast<std::size_t>(nq * d1 * kRows)), base(static_cast<std::size_t>(nq)), amax(base.size());
   std::vector<std::int32_t> idx(static_cast<std::size_t>(d1 * kRows)), qi(static_cast<std::size_t>(nq * nqr));
   for (auto& v : idx) v = static_cast<std::int32_t>(rng() % static_cast<std::uint64_t>(kDim));
   for (auto& v : qi) v = static_cast<std::int32_t>(rng() % 20000) - 10000;
@@ -247,7 +247,7 @@ void run_entries(benchmark::State& state) {
     d::key_run_scores(mins.data(), kDim, idx.data(), kRows, x.data(), kept, 2, kRows, d1, nq, bias.data(), w.data(),
                       qi.data(), nullptr, nqr, a.data(), kRows, out.data(), kRows);
     d::value_run_weights(params.data(), x.data(), kept, 2, kRows, d1, nq, p.data(), kRows, a_out.data(), nqr, y.data(),
-                         kRows, base.data());
+                         kRows, base.data(), amax.data());
     benchmark::DoNotOptimize(out.data());
     benchmark::DoNotOptimize(y.data());
   }

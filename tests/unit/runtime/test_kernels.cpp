@@ -400,9 +400,15 @@ TEST(HexKernels, FusedRunKernelsMatchReference) {
             for (auto& v : base) v = g(rng);
             const auto y0 = y;
             const auto base0 = base;
+            std::vector<float> amax(n_(nq) + 1, -7.0f);
             value_run_weights(params.data(), x.data(), kept.empty() ? nullptr : kept.data(), nk, tokens, grp, nq,
-                              p.data(), ps, av.data(), pa, y.data(), ys, base.data());
+                              p.data(), ps, av.data(), pa, y.data(), ys, base.data(), amax.data());
+            ASSERT_EQ(amax[n_(nq)], -7.0f) << "past the queries' maxima";
             for (i64 j = 0; j < nq; ++j) {
+              // The largest weight, exactly (quantize_rows' scale comes from it).
+              float big = 0.0f;
+              for (i64 r = 0; r < n; ++r) big = std::max(big, std::fabs(av[n_(j * pa + r)]));
+              ASSERT_EQ(amax[n_(j)], big) << "query " << j;
               double want = base0[n_(j)], mag = std::fabs(base0[n_(j)]);
               for (i64 t = 0; t < tokens; ++t) {
                 const i64 r = row_of[n_(t)];
@@ -449,11 +455,17 @@ TEST(HexKernels, BlockWeightsMatchReference) {
           for (auto& x : params) x = g(rng);
           for (auto& x : q) x = g(rng);
           const auto n = [](i64 k) { return static_cast<std::size_t>(k); };
-          std::vector<float> qd(n(nq * dim) + 1, -5.0f), kmin(n(dim) + 1, -5.0f), bias(n(nq) + 1, -5.0f);
+          std::vector<float> qd(n(nq * dim) + 1, -5.0f), kmin(n(dim) + 1, -5.0f), bias(n(nq) + 1, -5.0f),
+              amax(n(nq) + 1, -5.0f);
           std::vector<float> tmp(n(2 * dim));
           const float scale = 0.37f;
-          key_weights(params.data(), q.data(), nq, qs, scale, sl, qd.data(), kmin.data(), bias.data(), tmp.data());
+          key_weights(params.data(), q.data(), nq, qs, scale, sl, qd.data(), kmin.data(), bias.data(), amax.data(),
+                      tmp.data());
           for (i64 j = 0; j < nq; ++j) {
+            // The largest code weight, exactly (quantize_rows' scale comes from it).
+            float big = 0.0f;
+            for (i64 c = 0; c < dim; ++c) big = std::max(big, std::fabs(qd[n(j * dim + c)]));
+            ASSERT_EQ(amax[n(j)], big) << "query " << j;
             double b = 0, mag = 0;
             for (i64 c = 0; c < dim; ++c) {
               const double qc = static_cast<double>(scale) * q[n(j * qs + c)];
@@ -468,6 +480,7 @@ TEST(HexKernels, BlockWeightsMatchReference) {
           ASSERT_EQ(qd[n(nq * dim)], -5.0f);  // nothing written past the outputs
           ASSERT_EQ(kmin[n(dim)], -5.0f);
           ASSERT_EQ(bias[n(nq)], -5.0f);
+          ASSERT_EQ(amax[n(nq)], -5.0f);
         }
     for (const i64 rows : {0, 1, 5, 15, 16, 17, 33, 94, 96}) {  // partial vectors of every width
       std::vector<float> params(static_cast<std::size_t>(2 * rows)), p(static_cast<std::size_t>(rows));
@@ -836,6 +849,14 @@ TEST(HexKernels, QuantizeWeights8IsTheSameOnEveryTargetAndBounded) {
       double m = 0;
       for (const float x : w) m = std::max(m, std::fabs(static_cast<double>(x)));
       ASSERT_NEAR(s, m / 127, 1e-7 * m);
+      {  // max|w| handed in (as key_weights and value_run_weights find it): the same bytes and scale
+        const auto mf = static_cast<float>(m);
+        std::vector<std::int8_t> r(static_cast<std::size_t>(n) + 1, 99);
+        float rs = -1.0f;
+        quantize_rows(1, w.data(), 1, n, r.data(), &rs, &mf);
+        ASSERT_EQ(rs, s);
+        ASSERT_EQ(r, v);
+      }
       for (i64 i = 0; i < n; ++i) {
         const int x = v[static_cast<std::size_t>(i)];
         ASSERT_GE(x, -127);
@@ -884,6 +905,16 @@ TEST(HexKernels, QuantizeWeightsOfSubnormalWeights) {
       std::vector<std::int8_t> v8(static_cast<std::size_t>(n)), v14(static_cast<std::size_t>(2 * n));
       ASSERT_EQ(quantize_weights8(w.data(), n, v8.data()), m / 127.0f);
       ASSERT_EQ(quantize_weights14(w.data(), n, v14.data()), m / 8191.0f);
+      {  // max|w| handed in: the same limbs and scales (the subnormal scaling too)
+        std::vector<std::int8_t> r8(static_cast<std::size_t>(n)), r14(static_cast<std::size_t>(2 * n));
+        float s8 = -1.0f, s14 = -1.0f;
+        quantize_rows(1, w.data(), 1, n, r8.data(), &s8, &m);
+        quantize_rows(2, w.data(), 1, n, r14.data(), &s14, &m);
+        ASSERT_EQ(s8, m / 127.0f);
+        ASSERT_EQ(s14, m / 8191.0f);
+        ASSERT_EQ(r8, v8);
+        ASSERT_EQ(r14, v14);
+      }
       for (i64 i = 0; i < n; ++i) {
         const double exact = static_cast<double>(w[static_cast<std::size_t>(i)]) / m;
         ASSERT_LE(std::fabs(v8[static_cast<std::size_t>(i)] - 127.0 * exact), 0.5 + 1e-3) << "at " << i;

@@ -213,7 +213,7 @@ namespace {
 
 // Per-thread scratch of the decode paths (no allocation per block).
 struct Scratch {
-  std::vector<float> qd, bias, kmin, params, sparse, qs, a, ws, kept, tmp;
+  std::vector<float> qd, bias, kmin, params, sparse, qs, a, ws, kept, tmp, amax;
   std::vector<std::int8_t> w8;
   std::vector<std::int32_t> qi;
   template <class T>
@@ -350,14 +350,15 @@ void detail::block_scores(const HexBlockView& b, const float* q, std::int64_t nq
     float* params = Scratch::get(sc.params, 2 * d);
     static_assert(sizeof(QuantParams) == 2 * sizeof(half_bits), "QuantParams is two packed halves");
     halves_to_floats(reinterpret_cast<const half_bits*>(b.k_params), 2 * d, params);
-    key_weights(params, q, nq, q_stride, scale, sl, qd, kmin, bias, Scratch::get(sc.tmp, 2 * d));
+    float* amax = Scratch::get(sc.amax, nq);
+    key_weights(params, q, nq, q_stride, scale, sl, qd, kmin, bias, amax, Scratch::get(sc.tmp, 2 * d));
     if (cr.int_dot) {
       // Fixed-point weights per query, integer dot products, one scaling.
       const int limbs = dot_limbs(dot);
       std::int8_t* w8 = Scratch::get(sc.w8, nq * limbs * d);
       std::int32_t* qi_out = Scratch::get(sc.qi, nq * nqr);
       float* ws_out = Scratch::get(sc.ws, nq);
-      quantize_rows(limbs, qd, nq, d, w8, ws_out);
+      quantize_rows(limbs, qd, nq, d, w8, ws_out, amax);
       code_scores_int(b.k_codes, nqr, b.row_bytes, b.bits, d, limbs, w8, nq, limbs * d, qi_out, nqr);
       qi = qi_out;
       ws = ws_out;
@@ -453,13 +454,15 @@ void detail::block_accumulate(const HexBlockView& b, const float* p, std::int64_
   // The expander's entries: p_t (x_e - min_t) added to channel c_e, summed
   // per entry over the blocks (ve) and scattered once.
   float* sums = nullptr;
+  float* amax = nullptr;  // max |a| per query, where the fused pass finds it
   const bool fused = d1 > 0 && d1 <= kFusedEntries && nqr > 0 && nq <= kRunQueries;
   if (fused) {
     // The quantized tokens in one fused pass (weights, bias sums, entry
     // sums).
     sums = ve.prepare(b.mask_indices, d1, b.tokens, nq, out, out_stride);
+    amax = Scratch::get(sc.amax, nq);
     value_run_weights(params, b.v_sparse, b.kept_index, b.kept_rows, b.tokens, d1, nq, p, p_stride, a, nqr, sums,
-                      ve.rows, base);
+                      ve.rows, base, amax);
   } else if (d1 > 0 && nqr > 0) {
     walk_tokens(
         b,
@@ -499,7 +502,7 @@ void detail::block_accumulate(const HexBlockView& b, const float* p, std::int64_
     std::int8_t* w8 = Scratch::get(sc.w8, nq * limbs * nqr);
     std::int32_t* ai = Scratch::get(sc.qi, nq * d);
     float* ws = Scratch::get(sc.ws, nq);
-    quantize_rows(limbs, a, nq, nqr, w8, ws);
+    quantize_rows(limbs, a, nq, nqr, w8, ws, amax);
     std::fill(ai, ai + nq * d, 0);
     code_accumulate_int(b.v_codes, nqr, b.row_bytes, b.bits, d, limbs, w8, nq, limbs * nqr, ai, d);
     for (std::int64_t j = 0; j < nq; ++j) axpy_int(ws[j], ai + j * d, acc + j * d, d);

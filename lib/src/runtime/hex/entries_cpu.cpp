@@ -544,7 +544,8 @@ HWY_FLATTEN void ValueRunWeights(const float* HWY_RESTRICT params, const half_bi
                                  const std::uint16_t* HWY_RESTRICT kept, std::int64_t nk, std::int64_t tokens,
                                  std::int64_t g, std::int64_t nq, const float* HWY_RESTRICT p, std::int64_t ps,
                                  float* HWY_RESTRICT a, std::int64_t as, float* HWY_RESTRICT y, std::int64_t ys,
-                                 float* HWY_RESTRICT base) {
+                                 float* HWY_RESTRICT base, float* HWY_RESTRICT amax) {
+  for (std::int64_t j = 0; j < nq; ++j) amax[j] = 0.0f;
   const auto scalar = [&](std::int64_t t0, std::int64_t n, std::int64_t qr0, std::int64_t from) {
     if (from >= n) return;
     for (std::int64_t j = 0; j < nq; ++j) {
@@ -553,6 +554,7 @@ HWY_FLATTEN void ValueRunWeights(const float* HWY_RESTRICT params, const half_bi
         const std::int64_t t = t0 + i, r = qr0 + i;
         const float pv = p[j * ps + t];
         a[j * as + r] = pv * params[2 * r];
+        amax[j] = std::max(amax[j], std::fabs(a[j * as + r]));
         s += pv * params[2 * r + 1];
         for (std::int64_t e = 0; e < g; ++e)
           y[(j * g + e) * ys + t] += pv * (half_to_float(x[r * g + e]) - params[2 * r + 1]);
@@ -566,7 +568,8 @@ HWY_FLATTEN void ValueRunWeights(const float* HWY_RESTRICT params, const half_bi
     const DF df;
     const auto NF = static_cast<std::int64_t>(hn::Lanes(df));
     HWY_ALIGN float sums[kRunQueries * kMaxLanes];  // per query, its lanes' sums of p * min
-    for (std::int64_t k = 0; k < nq * NF; ++k) sums[k] = 0.0f;
+    HWY_ALIGN float maxes[kRunQueries * kMaxLanes];  // and their largest |p * delta|
+    for (std::int64_t k = 0; k < nq * NF; ++k) sums[k] = maxes[k] = 0.0f;
     // The runs of quantized tokens between the kept ones, as KeyRunScores.
     const auto block = [&](auto kg) KVCAL_ENTRY_INLINE {
       constexpr int kG = decltype(kg)::value;
@@ -582,7 +585,10 @@ HWY_FLATTEN void ValueRunWeights(const float* HWY_RESTRICT params, const half_bi
           const auto queries = [&](auto... diff) KVCAL_ENTRY_INLINE {
             for (std::int64_t j = 0; j < nq; ++j) {
               auto pv = hn::LoadU(d, p + j * ps + t);
-              hn::StoreU(hn::Mul(pv, dl), d, a + j * as + r);
+              const auto w = hn::Mul(pv, dl);
+              hn::StoreU(w, d, a + j * as + r);
+              float* mj = maxes + j * NF;  // repeated lanes: the same weights again
+              hn::Store(hn::Max(hn::Load(d, mj), hn::Abs(w)), d, mj);
               if (fresh < N) pv = hn::IfThenZeroElse(again, pv);
               float* sj = sums + j * NF;
               hn::Store(hn::MulAdd(pv, mn, hn::Load(d, sj)), d, sj);
@@ -618,7 +624,10 @@ HWY_FLATTEN void ValueRunWeights(const float* HWY_RESTRICT params, const half_bi
             const auto queries = [&](auto... diff) KVCAL_ENTRY_INLINE {
               for (std::int64_t j = 0; j < nq; ++j) {
                 const hn::Vec<DF> pv{_mm512_maskz_loadu_ps(m, p + j * ps + t)};
-                _mm512_mask_storeu_ps(a + j * as + r, rows, _mm512_maskz_compress_ps(m, hn::Mul(pv, dl).raw));
+                const auto w = hn::Mul(pv, dl);  // 0 in clear lanes
+                _mm512_mask_storeu_ps(a + j * as + r, rows, _mm512_maskz_compress_ps(m, w.raw));
+                float* mj = maxes + j * NF;
+                hn::Store(hn::Max(hn::Load(df, mj), hn::Abs(w)), df, mj);
                 float* sj = sums + j * NF;
                 hn::Store(hn::MulAdd(pv, mn, hn::Load(df, sj)), df, sj);
                 float* yj = y + j * kG * ys + t;
@@ -647,7 +656,10 @@ HWY_FLATTEN void ValueRunWeights(const float* HWY_RESTRICT params, const half_bi
 #endif
     });
     if (vectors)
-      for (std::int64_t j = 0; j < nq; ++j) base[j] += hn::GetLane(hn::SumOfLanes(df, hn::Load(df, sums + j * NF)));
+      for (std::int64_t j = 0; j < nq; ++j) {
+        base[j] += hn::GetLane(hn::SumOfLanes(df, hn::Load(df, sums + j * NF)));
+        amax[j] = std::max(amax[j], hn::GetLane(hn::MaxOfLanes(df, hn::Load(df, maxes + j * NF))));
+      }
   }
 #endif
   if (!vectors)
@@ -699,9 +711,9 @@ void key_run_scores(const float* b, std::int64_t b_size, const std::int32_t* idx
 }
 void value_run_weights(const float* params, const half_bits* x, const std::uint16_t* kept, std::int64_t kept_rows,
                        std::int64_t tokens, std::int64_t g, std::int64_t nq, const float* p, std::int64_t p_stride,
-                       float* a, std::int64_t a_stride, float* y, std::int64_t y_stride, float* base) {
+                       float* a, std::int64_t a_stride, float* y, std::int64_t y_stride, float* base, float* amax) {
   HWY_DYNAMIC_DISPATCH(ValueRunWeights)
-  (params, x, kept, kept_rows, tokens, g, nq, p, p_stride, a, a_stride, y, y_stride, base);
+  (params, x, kept, kept_rows, tokens, g, nq, p, p_stride, a, a_stride, y, y_stride, base, amax);
 }
 
 }  // namespace kvcal::runtime::detail

@@ -61,9 +61,10 @@ void key_run_scores(const float* b, std::int64_t b_size, const std::int32_t* idx
 constexpr std::int64_t kRunQueries = 16;
 // Value side, p_j = p + j * p_stride, params[2r] = delta_r, params[2r + 1] = min_r:
 //   a[j * a_stride + r] = p_j[t] * delta_r,  base[j] += sum_r p_j[t] * min_r,
-//   y[(j * g + e) * y_stride + t] += p_j[t] * (x[r * g + e] - min_r).
+//   y[(j * g + e) * y_stride + t] += p_j[t] * (x[r * g + e] - min_r),
+//   amax[j] = max_r |a[j * a_stride + r]|   (for quantize_rows; 0 if none).
 void value_run_weights(const float* params, const half_bits* x, const std::uint16_t* kept, std::int64_t kept_rows,
                        std::int64_t tokens, std::int64_t g, std::int64_t nq, const float* p, std::int64_t p_stride,
-                       float* a, std::int64_t a_stride, float* y, std::int64_t y_stride, float* base);
+                       float* a, std::int64_t a_stride, float* y, std::int64_t y_stride, float* base, float* amax);
 
 }  // namespace kvcal::runtime::detail

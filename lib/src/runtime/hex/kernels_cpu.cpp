@@ -1300,7 +1300,7 @@ void AxpyInt(float w, const std::int32_t* HWY_RESTRICT x, float* HWY_RESTRICT y,
 // products first, in vectors, then the slot order: for two and four phases
 // one deinterleaving load per vector, else a scalar permutation.
 void KeyWeights(const float* params, const float* q, std::int64_t nq, std::int64_t q_stride, float scale,
-                std::int64_t per, std::int64_t run, float* qd, float* kmin, float* bias, float* tmp) {
+                std::int64_t per, std::int64_t run, float* qd, float* kmin, float* bias, float* amax, float* tmp) {
   const std::int64_t dim = per * run;
   std::int64_t c0 = 0;
 #if !HWY_HAVE_SCALABLE && HWY_TARGET != HWY_SCALAR
@@ -1323,24 +1323,29 @@ void KeyWeights(const float* params, const float* q, std::int64_t nq, std::int64
     const float* qj = q + j * q_stride;
     float* qdj = qd + j * dim;
     std::int64_t c = 0;
-    float b = 0;
+    float b = 0, m = 0;
 #if !HWY_HAVE_SCALABLE && HWY_TARGET != HWY_SCALAR
     const auto sv = hn::Set(df, scale);
-    auto bv = hn::Zero(df);
+    auto bv = hn::Zero(df), mv = bv;
     for (; c + N <= dim; c += N) {
       const auto qs = hn::Mul(sv, hn::LoadU(df, qj + c));
       const auto mn = hn::LoadU(df, kmin + c);
       bv = hn::MulAdd(qs, mn, bv);
-      hn::StoreU(hn::Mul(qs, hn::LoadU(df, tmp + c)), df, prod + c);
+      const auto w = hn::Mul(qs, hn::LoadU(df, tmp + c));
+      mv = hn::Max(mv, hn::Abs(w));
+      hn::StoreU(w, df, prod + c);
     }
     b = hn::GetLane(hn::SumOfLanes(df, bv));
+    m = hn::GetLane(hn::MaxOfLanes(df, mv));
 #endif
     for (; c < dim; ++c) {
       const float qs = scale * qj[c];
       b += qs * kmin[c];
       prod[c] = qs * tmp[c];
+      m = std::max(m, std::fabs(prod[c]));
     }
     bias[j] = b;
+    amax[j] = m;
     std::int64_t i = 0;
 #if !HWY_HAVE_SCALABLE && HWY_TARGET != HWY_SCALAR
     if (per == 2) {
@@ -2545,13 +2550,15 @@ HWY_INLINE float MaxAbs(const float* w, std::int64_t n) {
 // v = round(w * L / max|w|), L = 127 (kL = 1, out holds v) or 8191 (kL = 2,
 // out holds hi = floor(v / 128), then lo = v - 128 hi). NearestInt rounds
 // half to even on every target, like the scalar lrint. Returns max|w| / L.
+// m is max|w|, computed here when negative (the callers that made the
+// weights pass theirs: see KeyWeights, ValueRunWeights).
 template <int kL>
-HWY_INLINE float QuantizeRow(const float* w, std::int64_t n, std::int8_t* out) {
+HWY_INLINE float QuantizeRow(const float* w, std::int64_t n, std::int8_t* out, float m) {
   constexpr int kLevels = kL == 1 ? 127 : 8191;
   const DF df;
   const DI di;
   const auto N = static_cast<std::int64_t>(hn::Lanes(df));
-  const float m = MaxAbs(w, n);
+  if (m < 0.0f) m = MaxAbs(w, n);
   if (!(m > 0.0f)) {
     std::fill(out, out + kL * n, std::int8_t{0});
     return 0.0f;
@@ -2618,10 +2625,15 @@ HWY_INLINE float QuantizeRow(const float* w, std::int64_t n, std::int8_t* out) {
 }
 
 // Rows j < rows of n weights at w + j * n, each to out + j * limbs * n with
-// its scale in scales[j].
-void QuantizeRows(int limbs, const float* w, std::int64_t rows, std::int64_t n, std::int8_t* out, float* scales) {
-  for (std::int64_t j = 0; j < rows; ++j)
-    scales[j] = limbs == 1 ? QuantizeRow<1>(w + j * n, n, out + j * n) : QuantizeRow<2>(w + j * n, n, out + j * 2 * n);
+// its scale in scales[j]; amax[j] = max|w_j| where the caller has them
+// (null: computed here).
+void QuantizeRows(int limbs, const float* w, std::int64_t rows, std::int64_t n, std::int8_t* out, float* scales,
+                  const float* amax) {
+  for (std::int64_t j = 0; j < rows; ++j) {
+    const float m = amax ? amax[j] : -1.0f;
+    scales[j] =
+        limbs == 1 ? QuantizeRow<1>(w + j * n, n, out + j * n, m) : QuantizeRow<2>(w + j * n, n, out + j * 2 * n, m);
+  }
 }
 
 const char* TargetName() { return hwy::TargetName(HWY_TARGET); }
@@ -2776,8 +2788,8 @@ void add_slots(const float* acc, const Slots& sl, float bias, float* out) {
 }
 void axpy_int(float w, const std::int32_t* x, float* y, std::int64_t n) { HWY_DYNAMIC_DISPATCH(AxpyInt)(w, x, y, n); }
 void key_weights(const float* params, const float* q, std::int64_t nq, std::int64_t q_stride, float scale,
-                 const Slots& sl, float* qd, float* kmin, float* bias, float* tmp) {
-  HWY_DYNAMIC_DISPATCH(KeyWeights)(params, q, nq, q_stride, scale, sl.per, sl.run, qd, kmin, bias, tmp);
+                 const Slots& sl, float* qd, float* kmin, float* bias, float* amax, float* tmp) {
+  HWY_DYNAMIC_DISPATCH(KeyWeights)(params, q, nq, q_stride, scale, sl.per, sl.run, qd, kmin, bias, amax, tmp);
 }
 bool int_dot_layout(int bits, std::int64_t dim) {
   if (bits == 3) return dim % 8 == 0 && dim / 2 <= kIntWide3Bytes && int_dot_layout(4, dim);
@@ -2812,18 +2824,19 @@ void code_accumulate_int(const std::uint8_t* codes, std::int64_t rows, std::int6
 
 float quantize_weights14(const float* w, std::int64_t n, std::int8_t* limbs) {
   float scale = 0.0f;
-  HWY_DYNAMIC_DISPATCH(QuantizeRows)(2, w, 1, n, limbs, &scale);
+  HWY_DYNAMIC_DISPATCH(QuantizeRows)(2, w, 1, n, limbs, &scale, nullptr);
   return scale;
 }
 
 float quantize_weights8(const float* w, std::int64_t n, std::int8_t* v8) {
   float scale = 0.0f;
-  HWY_DYNAMIC_DISPATCH(QuantizeRows)(1, w, 1, n, v8, &scale);
+  HWY_DYNAMIC_DISPATCH(QuantizeRows)(1, w, 1, n, v8, &scale, nullptr);
   return scale;
 }
 
-void quantize_rows(int limbs, const float* w, std::int64_t rows, std::int64_t n, std::int8_t* out, float* scales) {
-  HWY_DYNAMIC_DISPATCH(QuantizeRows)(limbs, w, rows, n, out, scales);
+void quantize_rows(int limbs, const float* w, std::int64_t rows, std::int64_t n, std::int8_t* out, float* scales,
+                   const float* amax) {
+  HWY_DYNAMIC_DISPATCH(QuantizeRows)(limbs, w, rows, n, out, scales, amax);
 }
 
 namespace {

@@ -99,10 +99,11 @@ void axpy_int(float w, const std::int32_t* x, float* y, std::int64_t n);
 // key groups as floats, params[2c] = delta_c and params[2c + 1] = min_c for
 // c < sl.dim:
 //   qd[j * dim + sl.slot(c)] = scale * q_j[c] * delta_c   (the code weights)
-//   kmin[c] = min_c,  bias[j] = sum_c scale * q_j[c] * min_c.
+//   kmin[c] = min_c,  bias[j] = sum_c scale * q_j[c] * min_c,
+//   amax[j] = max_c |qd[j * dim + c]|   (for quantize_rows).
 // tmp holds 2 * dim floats of scratch.
 void key_weights(const float* params, const float* q, std::int64_t nq, std::int64_t q_stride, float scale,
-                 const Slots& sl, float* qd, float* kmin, float* bias, float* tmp);
+                 const Slots& sl, float* qd, float* kmin, float* bias, float* amax, float* tmp);
 // value_weights: entries_cpu.h.
 
 // Integer scores (the fixed-point decode paths): integer weights of one or
@@ -147,8 +148,12 @@ float quantize_weights14(const float* w, std::int64_t n, std::int8_t* limbs);
 // weights), with the same bound as above for s. The same on every target.
 float quantize_weights8(const float* w, std::int64_t n, std::int8_t* v8);
 // Both for rows of weights: row j < rows (n weights at w + j * n) to out + j
-// * limbs * n (limbs 1: int8, 2: int14), its scale to scales[j].
-void quantize_rows(int limbs, const float* w, std::int64_t rows, std::int64_t n, std::int8_t* out, float* scales);
+// * limbs * n (limbs 1: int8, 2: int14), its scale to scales[j]. amax, if
+// not null, holds max|w_j| per row as the caller found it while making the
+// weights (exactly: the results are the same either way); null, it is found
+// here.
+void quantize_rows(int limbs, const float* w, std::int64_t rows, std::int64_t n, std::int8_t* out, float* scales,
+                   const float* amax = nullptr);
 void code_accumulate_int_reference(const std::uint8_t* codes, std::int64_t rows, std::int64_t row_bytes, int bits,
                                    std::int64_t dim, int limbs, const std::int8_t* w8, std::int64_t nq,
                                    std::int64_t w8_stride, std::int32_t* acc, std::int64_t acc_stride);
