@@ -567,7 +567,7 @@ HWY_FLATTEN void ValueRunWeights(const float* HWY_RESTRICT params, const half_bi
   if (nq <= kRunQueries) {
     const DF df;
     const auto NF = static_cast<std::int64_t>(hn::Lanes(df));
-    HWY_ALIGN float sums[kRunQueries * kMaxLanes];  // per query, its lanes' sums of p * min
+    HWY_ALIGN float sums[kRunQueries * kMaxLanes];   // per query, its lanes' sums of p * min
     HWY_ALIGN float maxes[kRunQueries * kMaxLanes];  // and their largest |p * delta|
     for (std::int64_t k = 0; k < nq * NF; ++k) sums[k] = maxes[k] = 0.0f;
     // The runs of quantized tokens between the kept ones, as KeyRunScores.
