@@ -294,6 +294,20 @@ TEST(HexKernels, EntryKernelsMatchReference) {
             const double want = static_cast<double>(p[n_(i)]) * xv + y0[k];
             ASSERT_NEAR(ya[k], want, 2.5e-7 * (std::fabs(p[n_(i)] * xv) + std::fabs(y0[k]))) << i << " " << e;
           }
+        // entry_query_weights: the queries' values at the entries' channels
+        // (the table's sizes: queries of 64, 128 or 200 floats), scaled: one
+        // product each, so exactly scale * q. Nothing written past n per query.
+        for (const i64 nq : {1, 3, 4}) {
+          const i64 qs = tab + 7, m = n * grp;
+          std::vector<float> q(n_(nq * qs)), w(n_(nq * m) + 1, -3.0f);
+          for (auto& v : q) v = g(rng);
+          const float scale = 0.0883883f;
+          entry_query_weights(q.data(), nq, qs, tab, scale, idx.data(), m, w.data());
+          for (i64 j = 0; j < nq; ++j)
+            for (i64 k = 0; k < m; ++k)
+              ASSERT_EQ(w[n_(j * m + k)], scale * q[n_(j * qs + idx[n_(k)])]) << "query " << j << " entry " << k;
+          ASSERT_EQ(w[n_(nq * m)], -3.0f);
+        }
       }
   });
 }

@@ -251,17 +251,15 @@ void walk_tokens(const HexBlockView& b, Quant f, Kept g) {
 }  // namespace
 
 const float* KeyEntries::prepare(const std::int32_t* m, std::int64_t deg, std::int64_t tokens, const float* qs,
-                                 std::int64_t n, std::int64_t q_stride, float scale) {
+                                 std::int64_t n, std::int64_t q_stride, std::int64_t dim, float scale) {
   if (m != mask || deg != d1 || qs != q || n != nq || q_stride != stride || tokens > rows) {
     mask = m, d1 = deg, q = qs, nq = n, stride = q_stride, rows = tokens;
     qk.resize(static_cast<std::size_t>(nq * rows * d1));
     idx.resize(static_cast<std::size_t>(rows * d1));
-    for (std::int64_t t = 0; t < rows; ++t)
-      for (std::int64_t e = 0; e < d1; ++e) idx[static_cast<std::size_t>(e * rows + t)] = m[t * d1 + e];
-    for (std::int64_t j = 0; j < nq; ++j)
-      for (std::int64_t t = 0; t < rows; ++t)
-        for (std::int64_t e = 0; e < d1; ++e)
-          qk[static_cast<std::size_t>((j * d1 + e) * rows + t)] = scale * q[j * q_stride + m[t * d1 + e]];
+    // Written in order (entry-major: each entry's tokens in a row).
+    for (std::int64_t e = 0; e < d1; ++e)
+      for (std::int64_t t = 0; t < rows; ++t) idx[static_cast<std::size_t>(e * rows + t)] = m[t * d1 + e];
+    entry_query_weights(q, nq, q_stride, dim, scale, idx.data(), d1 * rows, qk.data());
   }
   return qk.data();
 }
@@ -302,8 +300,8 @@ void ValueEntries::flush() {
     for (std::int64_t j = 0; j < nq; ++j) {
       const float* sj = sums.data() + j * rows * d1;
       float* oj = out + j * out_stride;
-      for (std::int64_t t = 0; t < rows; ++t)
-        for (std::int64_t e = 0; e < d1; ++e) oj[mask[t * d1 + e]] += sj[e * rows + t];
+      for (std::int64_t e = 0; e < d1; ++e)  // the sums in order
+        for (std::int64_t t = 0; t < rows; ++t) oj[mask[t * d1 + e]] += sj[e * rows + t];
     }
     std::fill(sums.begin(), sums.end(), 0.0f);
   }
@@ -384,7 +382,7 @@ void detail::block_scores(const HexBlockView& b, const float* q, std::int64_t nq
           });
     }
   }
-  const float* qk = d1 > 0 && nqr > 0 ? ke.prepare(b.mask_indices, d1, b.tokens, q, nq, q_stride, scale) : nullptr;
+  const float* qk = d1 > 0 && nqr > 0 ? ke.prepare(b.mask_indices, d1, b.tokens, q, nq, q_stride, d, scale) : nullptr;
   if (qk && d1 <= kFusedEntries) {
     // The quantized tokens in one fused pass (bias, code part, entries);
     // the kept tokens' scores are written below.

@@ -35,9 +35,14 @@ struct KeyEntries {
   std::int64_t rows = 0, d1 = 0, nq = 0, stride = 0;
   std::vector<float> qk;
   std::vector<std::int32_t> idx;  // idx[e * rows + t] = c(t, e): the mask entry-major
-  // Makes qk and idx valid for `tokens` rows of `mask` (refills on any change).
+  // Makes qk and idx valid for `tokens` rows of `mask` (refills on any
+  // change), for queries of dim floats.
   const float* prepare(const std::int32_t* m, std::int64_t d1, std::int64_t tokens, const float* q, std::int64_t nq,
-                       std::int64_t q_stride, float scale);
+                       std::int64_t q_stride, std::int64_t dim, float scale);
+  // Forgets the mask and queries, keeping the buffers: the next prepare
+  // refills (an object kept across decodes, whose queries may change in
+  // place, is reset before each).
+  void reset() { mask = nullptr, q = nullptr, rows = 0; }
 };
 // Value side: sums[j][e][t] (at (j * d1 + e) * rows + t) adds
 // p_jt (x_te - min_t) over blocks; flush
@@ -70,6 +75,10 @@ struct ValueEntries {
   // f: a running softmax whose maximum grew rescales what it has summed.
   void scale(std::int64_t j, float f);
   void flush();
+  // Drops what is pending without adding it anywhere and forgets the mask
+  // and outputs, keeping the buffers (an object kept across decodes is reset
+  // before each: a decode that threw leaves nothing behind).
+  void reset() { mask = nullptr, out = nullptr, rows = 0, code.out = nullptr; }
 };
 
 // The block decode with the entry state of a multi-block decode (see

@@ -384,8 +384,12 @@ void HexLayerCache::attend_head(const Impl& m, std::int64_t h, const float* q, s
   piece_max.clear();
   piece_at.clear();
   for (std::int64_t j = 0; j < group; ++j) std::fill(oh + j * d, oh + (j + 1) * d, 0.0f);
-  KeyEntries ke;  // the mask's entries, shared by the blocks
-  ValueEntries ve;
+  // The mask's entries, shared by the blocks; the thread's, so that their
+  // buffers are not allocated again for every head and step.
+  thread_local KeyEntries ke;
+  thread_local ValueEntries ve;
+  ke.reset();
+  ve.reset();
   // The weights of tokens [pos, pos + n): in probs, or in scratch (stride n).
   const auto weights = [&](std::int64_t pos, std::int64_t n, std::int64_t& stride) {
     if (row) {

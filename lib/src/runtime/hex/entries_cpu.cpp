@@ -303,6 +303,40 @@ HWY_FLATTEN void ValueEntryDiffs(const float* HWY_RESTRICT params, const half_bi
     for (std::int64_t e = 0; e < g; ++e) out[e * os + i] = half_to_float(x[i * g + e]) - params[2 * i + 1];
 }
 
+// The key side's entry weights of nq queries (KeyEntries, once per decode
+// and head): out[j * n + k] = scale * q_j[idx[k]] for k < n, q_j = q + j *
+// q_stride, dim floats (0 <= idx < dim). Looked up in registers where a
+// query fits the 128-float table (Table128), gathered otherwise.
+void EntryQueryWeights(const float* HWY_RESTRICT q, std::int64_t nq, std::int64_t q_stride, std::int64_t dim,
+                       float scale, const std::int32_t* HWY_RESTRICT idx, std::int64_t n, float* HWY_RESTRICT out) {
+  for (std::int64_t j = 0; j < nq; ++j) {
+    const float* qj = q + j * q_stride;
+    float* oj = out + j * n;
+    std::int64_t k = 0;
+#if HWY_TARGET != HWY_SCALAR
+    const auto rows = [&](const auto& lookup) KVCAL_ENTRY_INLINE {
+      const DF df;
+      const hn::RebindToSigned<DF> di;
+      const auto N = static_cast<std::int64_t>(hn::Lanes(df));
+      const auto sv = hn::Set(df, scale);
+      for (; k + N <= n; k += N) hn::StoreU(hn::Mul(sv, lookup(df, hn::LoadU(di, idx + k))), df, oj + k);
+    };
+#if KVCAL_TABLE128
+    if (dim <= 128)
+      rows(Table128(qj, dim));
+    else
+      rows(Gather{qj});
+#else
+    (void)dim;
+    rows(Gather{qj});
+#endif
+#else
+    (void)dim;
+#endif
+    for (; k < n; ++k) oj[k] = scale * qj[idx[k]];
+  }
+}
+
 // out[i] += sum_{e < g} a[e * as + i] * x[e * xs + i], each product added
 // to the running sum in entry order.
 void EntryScores(const float* HWY_RESTRICT a, std::int64_t as, const float* HWY_RESTRICT x, std::int64_t xs,
@@ -680,6 +714,7 @@ HWY_EXPORT(GroupAxpy);
 HWY_EXPORT(ValueWeights);
 HWY_EXPORT(KeyRunScores);
 HWY_EXPORT(ValueRunWeights);
+HWY_EXPORT(EntryQueryWeights);
 
 void key_entry_diffs(const float* b, std::int64_t b_size, const std::int32_t* idx, const half_bits* x, std::int64_t n,
                      std::int64_t g, float* out, std::int64_t out_stride) {
@@ -708,6 +743,10 @@ void key_run_scores(const float* b, std::int64_t b_size, const std::int32_t* idx
   HWY_DYNAMIC_DISPATCH(KeyRunScores)
   (b, b_size, idx, idx_stride, x, kept, kept_rows, tokens, g, nq, bias, w, qi, qf, code_stride, a, a_stride, out,
    out_stride);
+}
+void entry_query_weights(const float* q, std::int64_t nq, std::int64_t q_stride, std::int64_t dim, float scale,
+                         const std::int32_t* idx, std::int64_t n, float* out) {
+  HWY_DYNAMIC_DISPATCH(EntryQueryWeights)(q, nq, q_stride, dim, scale, idx, n, out);
 }
 void value_run_weights(const float* params, const half_bits* x, const std::uint16_t* kept, std::int64_t kept_rows,
                        std::int64_t tokens, std::int64_t g, std::int64_t nq, const float* p, std::int64_t p_stride,

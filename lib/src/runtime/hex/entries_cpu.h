@@ -32,6 +32,11 @@ void entry_scores(const float* a, std::int64_t a_stride, const float* x, std::in
 void group_axpy(const float* p, std::int64_t n, std::int64_t g, const float* x, std::int64_t x_stride, float* y,
                 std::int64_t y_stride);
 
+// The key side's entry weights of nq queries (q_j = q + j * q_stride, dim
+// floats; 0 <= idx < dim): out[j * n + k] = scale * q_j[idx[k]] for k < n.
+void entry_query_weights(const float* q, std::int64_t nq, std::int64_t q_stride, std::int64_t dim, float scale,
+                         const std::int32_t* idx, std::int64_t n, float* out);
+
 // The value side of n quantized rows, params[2i] = delta_i and params[2i + 1]
 // = min_i: a[i] = p[i] * delta_i; returns sum_i p[i] * min_i.
 float value_weights(const float* params, const float* p, std::int64_t n, float* a);
