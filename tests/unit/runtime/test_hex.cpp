@@ -1234,6 +1234,37 @@ TEST(RuntimeHex, GqaQueryHeadReadsItsKvHead) {
   }
 }
 
+// The decode keeps its expander-entry state per thread across calls (its
+// buffers reused): a query buffer overwritten in place between two decodes
+// must be read again, on every integer and float path and for groups of 1
+// and 4, bit for bit as a fresh buffer with the same queries.
+// One KV head is the hazard: every decode then starts where the last ended.
+TEST(RuntimeHex, QueriesChangedInPlaceAreReadAgain) {
+  std::mt19937_64 rng(0x4e580021);
+  const i64 D = 32, B = 16, N = 5 * B + 3;
+  for (const i64 H : {1, 2})
+    for (const std::string method : {"hex4", "hex3@int8", "hex2@int14", "hex4@int8"}) {
+      const Seq s = make_seq(H, N, D, rng);
+      HexOptions base;
+      base.block = B;
+      HexLayerCache c(H, D, hex_method(method, base), make_mask(B, D, 2, 9));
+      append(c, s, 0, N);
+      for (const i64 group : {1, 4}) {
+        SCOPED_TRACE(method + " heads " + std::to_string(H) + " group " + std::to_string(group));
+        const auto n = static_cast<std::size_t>(H * group * D);
+        const auto q1 = random_floats(n, rng), q2 = random_floats(n, rng);
+        std::vector<float> q = q1, out1(n), out2(n), fresh(n);
+        c.attend(q.data(), H * group, 0.2f, out1.data());
+        q = q2;  // the same buffer, new queries
+        c.attend(q.data(), H * group, 0.2f, out2.data());
+        const std::vector<float> other = q2;  // another buffer
+        c.attend(other.data(), H * group, 0.2f, fresh.data());
+        ASSERT_EQ(out2, fresh);
+        ASSERT_NE(out1, out2);
+      }
+    }
+}
+
 // A cache big enough for attend() to split the KV heads across threads
 // (tokens * head_dim * group above 2^16), moved once.
 TEST(RuntimeHex, LargeCacheAttentionAndMove) {
