@@ -150,18 +150,19 @@ int register_all() {
       benchmark::RegisterBenchmark((std::string("compress_block/") + m).c_str(), compress_block, std::string(m))
           ->Unit(benchmark::kMicrosecond);
   }
-  for (const char* m : kMethods)
-    benchmark::RegisterBenchmark((std::string("decode/") + m).c_str(), decode, std::string(m), kTokens)
-        ->Arg(1)
-        ->Arg(4)
-        ->UseRealTime()
-        ->Unit(benchmark::kMillisecond);
-  for (const char* m : kMethods)
-    benchmark::RegisterBenchmark((std::string("decode_l2/") + m).c_str(), decode, std::string(m), kHotTokens)
-        ->Arg(1)
-        ->Arg(4)
-        ->UseRealTime()
-        ->Unit(benchmark::kMicrosecond);
+  struct Decode {
+    const char* prefix;
+    std::int64_t tokens;
+    benchmark::TimeUnit unit;
+  };
+  for (const Decode& d :
+       {Decode{"decode/", kTokens, benchmark::kMillisecond}, Decode{"decode_l2/", kHotTokens, benchmark::kMicrosecond}})
+    for (const char* m : kMethods)
+      benchmark::RegisterBenchmark((d.prefix + std::string(m)).c_str(), decode, std::string(m), d.tokens)
+          ->Arg(1)
+          ->Arg(4)
+          ->UseRealTime()
+          ->Unit(d.unit);
   benchmark::RegisterBenchmark("streaming_read", streaming_read)
       ->Arg(1)
       ->Arg(2)
