@@ -972,6 +972,29 @@ HWY_INLINE std::uint32_t Widen3To4Scalar(std::uint32_t x) {
 // block's end into the next block's (BlockStore keeps them in one stream).
 // hex3@int8 decode at a group of 4 on a Zen 5 host, each against 4096
 // bytes ahead in interleaved runs: 1024 bytes 10% slower, 2048 6%, 8192 1%.
+#if HWY_TARGET == HWY_AVX3_DL
+// The constants of the VBMI 3-bit read (VPERMD then VPMULTISHIFTQB, see
+// WidenCodes3), for vectors of up to 64 bytes: words, the 32-bit word each
+// 32-bit lane takes (each 64-bit lane two groups: six bytes from bit a = 0 in
+// even lanes, 16 in odd ones); pairs, the bit each output byte starts at for
+// codes 2m and 2m + 1 (bits [a + 6m, a + 6m + 8)); nibble_hi, one bit lower,
+// for code 2m + 1 in the high nibble.
+struct Multishift3 {
+  alignas(64) std::uint32_t words[16];
+  alignas(64) std::uint8_t pairs[64];
+  alignas(64) std::uint8_t nibble_hi[64];
+  constexpr Multishift3() : words{}, pairs{}, nibble_hi{} {
+    for (int w = 0; w < 16; ++w) words[w] = static_cast<std::uint32_t>(w / 4 * 3 + (w % 4 + 1) / 2);
+    for (int i = 0; i < 64; ++i) {
+      const int lane = i / 8, m = i % 8, at = lane % 2 ? 16 : 0;  // odd lanes: bytes 2-7
+      pairs[i] = static_cast<std::uint8_t>((at + 6 * m) % 64);
+      nibble_hi[i] = static_cast<std::uint8_t>((at + 6 * m + 63) % 64);
+    }
+  }
+};
+inline constexpr Multishift3 kMultishift3{};
+#endif
+
 constexpr std::int64_t kWidenAhead = 4096;
 template <bool kPairs>
 void WidenCodes3(const std::uint8_t* src, std::int64_t n, std::uint8_t* dst) {
@@ -985,15 +1008,8 @@ void WidenCodes3(const std::uint8_t* src, std::int64_t n, std::uint8_t* dst) {
   // [a + 6m - 1, a + 6m + 7) for its high one (code 2m + 1). Masked loads and
   // stores: no tail, no read past the end.
   {
-    alignas(64) std::uint32_t perm[16];
-    alignas(64) std::uint8_t lo[64], hi[64];
-    for (int w = 0; w < 16; ++w) perm[w] = static_cast<std::uint32_t>(w / 4 * 3 + (w % 4 + 1) / 2);
-    for (int i = 0; i < 64; ++i) {
-      const int lane = i / 8, m = i % 8, at = lane % 2 ? 16 : 0;  // odd lanes: bytes 2-7
-      lo[i] = static_cast<std::uint8_t>((at + 6 * m) % 64);
-      hi[i] = static_cast<std::uint8_t>((at + 6 * m + 63) % 64);
-    }
-    const __m512i vperm = _mm512_load_si512(perm), vlo = _mm512_load_si512(lo), vhi = _mm512_load_si512(hi);
+    const __m512i vperm = _mm512_load_si512(kMultishift3.words), vlo = _mm512_load_si512(kMultishift3.pairs),
+                  vhi = _mm512_load_si512(kMultishift3.nibble_hi);
     const __m512i low3 = _mm512_set1_epi8(0x07), high3 = _mm512_set1_epi8(0x70);
     for (; g < n; g += 16) {
       const std::int64_t k = std::min<std::int64_t>(16, n - g);
@@ -1625,6 +1641,12 @@ constexpr std::int64_t IntOffset(std::int64_t i) {
   return kBits == 3 ? i / 4 * 3 : i;
 }
 
+// Whether IntBytes reads 3-bit rows into vectors of D8 with VBMI.
+template <class D8>
+constexpr bool VbmiRead3(D8 d8) {
+  return HWY_TARGET == HWY_AVX3_DL && (hn::MaxLanes(d8) == 64 || hn::MaxLanes(d8) == 32);
+}
+
 #if HWY_TARGET != HWY_SCALAR
 // The constants of a 3-bit read (see LoadGroups3) for vectors of bytes D8.
 template <class D8>
@@ -1640,10 +1662,32 @@ struct Groups3 {
 // IntOffset<kBits>(i): for 2 and 4 bits a load; for 3 bits the N / 4 groups
 // at p widened in registers to two codes per byte (Widen3ToPairs), so that
 // PhaseBytes<3, k> splits them. The 3-bit read loads N bytes for its 3N / 4:
-// it must not be used on the last row of a block.
+// it must not be used on the last row of a block. On AVX3_DL, vectors of 32
+// and 64 bytes take the VBMI read of WidenCodes3: a VPERMD and a
+// VPMULTISHIFTQB, against a permute, a byte shuffle, two shifts and two
+// blends (LoadGroups3, Widen3ToPairs), the shifts on the port VPDPBUSD
+// needs. One block in cache (bench_kernels, int8, Intel AVX3_DL guest):
+// scores at a group of 1, 369-387 -> 328-345 ns, of 4, 553-561 -> 505-528;
+// values at a group of 1, 263-290 -> 202-203. hex3@int8 decode over 32K
+// tokens, 5 interleaved rounds: 1.79-1.84 -> 1.67-1.69 ms at a group of 1
+// (hex4@int8: 1.63-1.73), 3.14-3.38 -> 3.07-3.13 at a group of 4.
 template <int kBits, class D8>
 HWY_INLINE hn::Vec<D8> IntBytes(D8 d8, const std::uint8_t* p, const Groups3<D8>& g3) {
   if constexpr (kBits == 3) {
+#if HWY_TARGET == HWY_AVX3_DL
+    if constexpr (hn::MaxLanes(d8) == 64) {
+      (void)g3;
+      const __m512i x = _mm512_permutexvar_epi32(_mm512_load_si512(kMultishift3.words), _mm512_loadu_si512(p));
+      return hn::Vec<D8>{_mm512_multishift_epi64_epi8(_mm512_load_si512(kMultishift3.pairs), x)};
+    } else if constexpr (hn::MaxLanes(d8) == 32) {
+      (void)g3;
+      const auto* words = reinterpret_cast<const __m256i*>(kMultishift3.words);
+      const auto* pairs = reinterpret_cast<const __m256i*>(kMultishift3.pairs);
+      const __m256i x =
+          _mm256_permutexvar_epi32(_mm256_load_si256(words), _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+      return hn::Vec<D8>{_mm256_multishift_epi64_epi8(_mm256_load_si256(pairs), x)};
+    }
+#endif
     return hn::BitCast(d8, Widen3ToPairs(LoadGroups3(typename Groups3<D8>::DG(), p, g3.perm, g3.shuffle)));
   } else {
     (void)g3;
@@ -2027,7 +2071,8 @@ KVCAL_FLATTEN void AccumulateIntQ(D8 d8, const std::uint8_t* codes, std::int64_t
 // more: the value kernel passes over the codes once per quarter of its
 // transposed vectors, widening them each time, and the widening's constants
 // push the score sums out of 16 registers: with AVX-512's 32, the score
-// kernel reads groups' rows in place too, see ScoresIntPer. Widening to
+// kernel reads groups' rows in place too, see ScoresIntPer, and with VBMI
+// the value kernel as well, see AccumulateIntPer. Widening to
 // pairs takes two shifts and two blends per vector of groups, to 4-bit rows
 // three more operations: with a group of 4 on a Zen 3 core, 7% less time
 // for the value kernel, but 12% more for the score kernel, which stays on
@@ -2048,8 +2093,22 @@ void AccumulateIntPer(D8 d8, int bits, const std::uint8_t* codes, std::int64_t r
   if (bits == 3) {
 #if !HWY_HAVE_SCALABLE && KVCAL_ROW_KERNELS
     if constexpr (Fused3<kL>()) {
-      if (nq == 1 && 4 * run <= kIntWide3Bytes)  // its last four rows' widened copy fits
-        return AccumulateIntQ<3, 1, kL>(d8, codes, rows, row_bytes, run, w8, limb_stride, w8_stride, acc, acc_stride);
+      if (4 * run <= kIntWide3Bytes) {  // its last four rows' widened copy fits
+        if (nq == 1)
+          return AccumulateIntQ<3, 1, kL>(d8, codes, rows, row_bytes, run, w8, limb_stride, w8_stride, acc, acc_stride);
+        // Groups too where the read is VBMI's two shuffles (IntBytes): the
+        // value kernel then widens the codes once per pass, on the shuffle
+        // port, instead of storing and reloading them widened. hex3@int8
+        // decode at a group of 4 on an Intel AVX3_DL guest, 5 interleaved
+        // rounds: 3-4% less time (as well as the VBMI read's 2-3%).
+        if constexpr (VbmiRead3(D8())) {
+          InGroupsOf4(nq, [&](auto kq, std::int64_t j) {
+            AccumulateIntQ<3, decltype(kq)::value, kL>(d8, codes, rows, row_bytes, run, w8 + j * w8_stride, limb_stride,
+                                                       w8_stride, acc + j * acc_stride, acc_stride);
+          });
+          return;
+        }
+      }
       WidenedChunks3<true>(
           codes, rows, row_bytes, 2 * run, [&](const std::uint8_t* wide, std::int64_t n, std::int64_t r0) {
             InGroupsOf4(nq, [&](auto kq, std::int64_t j) {
