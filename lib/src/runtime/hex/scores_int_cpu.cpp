@@ -1,0 +1,511 @@
+// The HEX integer score kernels (code_scores_int: kernels_cpu.h), compiled
+// once per SIMD target as kernels_cpu.cpp is, and once more in the AVX-VNNI
+// pass (avxvnni_pass.h). A file of their own because their unrolled bodies
+// are most of the kernels' compile time (on an AVX-512 target about 60%, the
+// integer value kernels about a third): two files build in parallel.
+#ifndef HWY_WANT_AVX3_DL
+#define HWY_WANT_AVX3_DL 1  // as kernels_cpu.cpp: the same targets in both
+#endif
+#include <cstdint>
+
+#include "runtime/hex/kernels_cpu.h"
+
+#undef KVCAL_KERNEL_NS
+#ifdef KVCAL_AVXVNNI_PASS
+#define KVCAL_KERNEL_NS N_AVX2_VNNI
+#else
+#define KVCAL_KERNEL_NS HWY_NAMESPACE
+#undef HWY_TARGET_INCLUDE
+#define HWY_TARGET_INCLUDE "runtime/hex/scores_int_cpu.cpp"
+#include <hwy/foreach_target.h>  // IWYU pragma: keep
+#include <hwy/highway.h>
+#endif
+#include "runtime/hex/kernels_cpu-inl.h"
+
+HWY_BEFORE_NAMESPACE();
+namespace kvcal::runtime::detail {
+namespace KVCAL_KERNEL_NS {
+#ifdef KVCAL_AVXVNNI_PASS
+namespace hn = hwy::N_AVX2;
+#else
+namespace hn = hwy::HWY_NAMESPACE;
+#endif
+
+#if HWY_TARGET != HWY_SCALAR
+// Integer scores of kQ queries over phase-split rows: out[j][r] = sum over
+// slots of w_j[slot] * code_r(slot), where w8 + j * w8_stride holds, in slot
+// order, either one limb w (kL = 1, dim int8) or two, hi then lo (kL = 2,
+// w = 128 hi + lo). run % Lanes(d8) == 0. Rows go four at a time: each row's
+// per-query lane sums are parked in a small buffer and the four are reduced
+// together.
+template <int kBits, int kQ, int kL, class D8>
+void ScoresInt(D8 d8, const std::uint8_t* codes, std::int64_t rows, std::int64_t row_bytes, std::int64_t run,
+               std::int64_t dim, const std::int8_t* w8, std::int64_t w8_stride, std::int32_t* out,
+               std::int64_t out_stride) {
+  static_assert(kBits == 2 || kBits == 4, "3-bit rows are widened to 4-bit rows first");
+  constexpr int kPer = IntPhases(kBits);
+  const hn::Repartition<std::int8_t, D8> di8;
+  const hn::Repartition<std::int32_t, D8> d32;
+  const auto N = static_cast<std::int64_t>(hn::Lanes(d8));
+  const auto N32 = static_cast<std::int64_t>(hn::Lanes(d32));
+  HWY_ALIGN std::int32_t park[4 * kQ * hn::MaxLanes(d32)];
+  for (std::int64_t r0 = 0; r0 < rows; r0 += 4) {
+    for (std::int64_t rr = 0; rr < 4; ++rr) {
+      const std::int64_t r = r0 + rr;
+      if (r >= rows) {
+        for (int j = 0; j < kQ; ++j) hn::Store(hn::Zero(d32), d32, park + (rr * kQ + j) * N32);
+        continue;
+      }
+      const std::uint8_t* row = codes + r * row_bytes;
+      __builtin_prefetch(row + kPrefetchRows * row_bytes, 0, 3);
+      auto h0 = hn::Zero(d32), h1 = h0, h2 = h0, h3 = h0, l0 = h0, l1 = h0, l2 = h0, l3 = h0;
+      for (std::int64_t i = 0; i < run; i += N) {
+        const auto b = hn::LoadU(d8, row + i);
+        const auto step = [&](auto c, std::int64_t off) {
+          const auto dq = [&](int j, auto& h, auto& l) {
+            const std::int8_t* wj = w8 + j * w8_stride + off + i;
+            h = DotBytes(d8, c, hn::LoadU(di8, wj), h);
+            if constexpr (kL == 2) l = DotBytes(d8, c, hn::LoadU(di8, wj + dim), l);
+          };
+          dq(0, h0, l0);
+          if constexpr (kQ > 1) dq(1, h1, l1);
+          if constexpr (kQ > 2) dq(2, h2, l2);
+          if constexpr (kQ > 3) dq(3, h3, l3);
+        };
+        step(PhaseBytes<kBits, 0>(d8, b), 0);
+        if constexpr (kPer >= 2) step(PhaseBytes<kBits, 1>(d8, b), run);
+        if constexpr (kPer == 4) {
+          step(PhaseBytes<kBits, 2>(d8, b), 2 * run);
+          step(PhaseBytes<kBits, 3>(d8, b), 3 * run);
+        }
+      }
+      std::int32_t* pk = park + rr * kQ * N32;
+      hn::Store(MergeLimbs<kL>(h0, l0), d32, pk);
+      if constexpr (kQ > 1) hn::Store(MergeLimbs<kL>(h1, l1), d32, pk + N32);
+      if constexpr (kQ > 2) hn::Store(MergeLimbs<kL>(h2, l2), d32, pk + 2 * N32);
+      if constexpr (kQ > 3) hn::Store(MergeLimbs<kL>(h3, l3), d32, pk + 3 * N32);
+    }
+    for (int j = 0; j < kQ; ++j) {
+      std::int32_t t[4];
+      SumOfLanes4(d32, hn::Load(d32, park + j * N32), hn::Load(d32, park + (kQ + j) * N32),
+                  hn::Load(d32, park + (2 * kQ + j) * N32), hn::Load(d32, park + (3 * kQ + j) * N32), t);
+      for (std::int64_t rr = 0; rr < 4 && r0 + rr < rows; ++rr) out[j * out_stride + r0 + rr] = t[rr];
+    }
+  }
+}
+
+#if !HWY_HAVE_SCALABLE
+// ScoresInt with kR rows per step unrolled at compile time: the limbs' sums
+// of each row and query merged in registers and reduced four at a time, the
+// weights packed in their order of use; with kPairs, the sums are int16 pair
+// sums until the row's end (at most kPairSums per lane: see ScoresIntGroups).
+// Returns the rows done (a multiple of kR); ScoresInt does the rest.
+template <int kBits, int kQ, int kL, int kR, bool kPairs, class D8>
+KVCAL_FLATTEN std::int64_t ScoresIntRows(D8 d8, const std::uint8_t* codes, std::int64_t rows, std::int64_t row_bytes,
+                                         std::int64_t run, std::int64_t dim, const std::int8_t* w8,
+                                         std::int64_t w8_stride, std::int32_t* out, std::int64_t out_stride) {
+  constexpr int kPer = IntPhases(kBits), kA = kR * kQ;
+  const hn::Repartition<std::int8_t, D8> di8;
+  const hn::Repartition<std::int32_t, D8> d32;
+  const auto N = static_cast<std::int64_t>(hn::Lanes(d8));
+  constexpr std::int64_t kPacked = 8192;
+  if (kL * kQ * kPer * run > kPacked) return 0;
+  HWY_ALIGN std::int8_t wp[kPacked];  // per vector i: [query][phase][limb] vectors of N bytes
+  for (std::int64_t i = 0; i < run; i += N)
+    for (int j = 0; j < kQ; ++j)
+      for (int k = 0; k < kPer; ++k)
+        for (int limb = 0; limb < kL; ++limb)
+          hn::Store(hn::LoadU(di8, w8 + j * w8_stride + limb * dim + k * run + i), di8,
+                    wp + i * kL * kQ * kPer + ((j * kPer + k) * kL + limb) * N);
+  const AccTag<kPairs, D8> da;
+  const Groups3<D8> g3;
+  // 3 bits: never the last row, which a read in place would pass (IntBytes).
+  const std::int64_t direct = kBits == 3 ? rows - 1 : rows;
+  std::int64_t r = 0;
+  for (; r + kR <= direct; r += kR) {
+    hn::Vec<decltype(da)> h[kA], l[kA];
+    Unroll<kA>([&](auto x) KVCAL_INLINE_LAMBDA { h[x] = l[x] = hn::Zero(da); });
+    for (std::int64_t i = 0; i < run; i += N) {
+      Unroll<kR>([&](auto rr) KVCAL_INLINE_LAMBDA {
+        // In groups, each row reads the weights afresh, as operands of the
+        // products (see KVCAL_PIN; one query's weights stay in registers).
+        const std::int8_t* wi = kQ > 1 ? Launder(wp + i * kL * kQ * kPer) : wp + i * kL * kQ * kPer;
+        const std::uint8_t* row = codes + (r + rr) * row_bytes;
+        if (i == 0) __builtin_prefetch(row + kPrefetchRows * row_bytes, 0, 3);  // past the end is harmless
+        const auto b = IntBytes<kBits>(d8, row + IntOffset<kBits>(i), g3);
+        hn::Vec<D8> ph[kPer];
+        Unroll<kPer>([&](auto k) KVCAL_INLINE_LAMBDA { ph[k] = PhaseBytes<kBits, k>(d8, b); });
+        Unroll<kQ>([&](auto j) KVCAL_INLINE_LAMBDA {
+          constexpr int x = decltype(rr)::value * kQ + decltype(j)::value;
+          Unroll<kPer>([&](auto k) KVCAL_INLINE_LAMBDA {
+            const std::int8_t* wk = wi + ((j * kPer + k) * kL) * N;
+            h[x] = DotAcc<kPairs>(d8, ph[k], hn::Load(di8, wk), h[x]);
+            if constexpr (kQ > 1) KVCAL_PIN(h[x]);
+            if constexpr (kL == 2) {
+              l[x] = DotAcc<kPairs>(d8, ph[k], hn::Load(di8, wk + N), l[x]);
+              if constexpr (kQ > 1) KVCAL_PIN(l[x]);
+            }
+          });
+        });
+      });
+    }
+    hn::Vec<decltype(d32)> h32[kA];
+    Unroll<kA>([&](auto x) KVCAL_INLINE_LAMBDA {
+      h32[x] = MergeLimbs<kL>(AddAcc<kPairs>(d8, h[x], hn::Zero(d32)), AddAcc<kPairs>(d8, l[x], hn::Zero(d32)));
+    });
+    HWY_ALIGN std::int32_t sum[(kA + 3) / 4 * 4];
+    Unroll<kA / 4>([&](auto g) KVCAL_INLINE_LAMBDA {
+      constexpr int b = 4 * decltype(g)::value;
+      Sum4(d32, h32[b], h32[b + 1], h32[b + 2], h32[b + 3], sum + b);
+    });
+    Unroll<kA % 4>([&](auto x) KVCAL_INLINE_LAMBDA {
+      sum[kA / 4 * 4 + x] = hn::GetLane(hn::SumOfLanes(d32, h32[kA / 4 * 4 + x]));
+    });
+    Unroll<kR>([&](auto rr) KVCAL_INLINE_LAMBDA {
+      Unroll<kQ>([&](auto j) KVCAL_INLINE_LAMBDA { out[j * out_stride + r + rr] = sum[rr * kQ + j]; });
+    });
+  }
+  return r;
+}
+#endif
+
+#if !HWY_HAVE_SCALABLE && KVCAL_ROW_KERNELS
+// Scores of kQ >= 2 queries, four rows at a time, without a reduction per
+// row and query: two rounds of 32-bit interleaving turn the four rows' vector
+// at i into four vectors t_m whose 128-bit block b holds, in lane e, the four
+// codes of row e at 32-bit position 4b + m. One byte dot product of t_m with
+// the weights of position 4b + m broadcast over block b (Broadcast<m>,
+// packed once per call) then adds to each lane a partial score of its row,
+// and the blocks' sums (StoreBlockSum) are the four rows' scores, stored in
+// one go. Per four rows and a group of four on AVX-512: 8 interleavings and
+// about 20 reduction operations, against 52 reduction operations and 16
+// scalar stores for the row-per-accumulator kernel (ScoresIntRows), whose
+// reductions were most of its work beyond the products (bench_kernels, one
+// block in cache, group 4, on a Zen 5 guest: int8 4-bit 247 -> 184 ns,
+// int14 4-bit 485 -> 287; with the requests ahead below, 200 and 341).
+// Taken for 4-bit rows (and for 3-bit rows: on AVX-512 read in place, see
+// ScoresIntPer, elsewhere widened to 4 bits first); decode at a group
+// of 4 on that guest, 5 interleaved rounds: hex4@int8 5% less time,
+// hex4@int14 9%, kcvt4@int14 5%; kcvt4@int8 5-6.5% more in two such runs,
+// 2.5-3.7% less in two later ones (README). 2-bit rows too: 20% faster in
+// cache; in the decode no faster at first, then, with the expander entries'
+// kernels a block at a time, hex2@int8 2.5-11% and kcvt2@int8 3.4-4.9% less
+// time at a group of 4 (two 5-round runs, native).
+// Accumulators per query and phase (kPairs: int16 pair sums, at most
+// kPairSums a lane: 4 run / Lanes(d8) per phase, checked by ScoresIntFour).
+// Returns the rows done: all of them (the last step overlapping the one
+// before where rows is not a multiple of 4), or 0 where the packed weights
+// do not fit or there are fewer than 4 rows (the caller's other kernels do
+// the rows).
+template <int kBits, int kQ, int kL, bool kPairs, class D8>
+KVCAL_FLATTEN std::int64_t ScoresIntT4(D8 d8, const std::uint8_t* codes, std::int64_t rows, std::int64_t row_bytes,
+                                       std::int64_t run, std::int64_t dim, const std::int8_t* w8,
+                                       std::int64_t w8_stride, std::int32_t* out, std::int64_t out_stride) {
+  static_assert(kBits >= 2 && kBits <= 4, "stored 2-, 3- or 4-bit rows");
+  constexpr int kPer = IntPhases(kBits), kA = kQ * kPer;
+  const hn::Repartition<std::int8_t, D8> di8;
+  const hn::Repartition<std::int32_t, D8> d32;
+  const hn::Repartition<std::uint32_t, D8> du32;
+  const hn::Repartition<std::uint64_t, D8> du64;
+  const auto N = static_cast<std::int64_t>(hn::Lanes(d8));
+  constexpr std::int64_t kPacked = 16384;
+  constexpr std::int64_t kTail = kBits == 3 ? 4096 : 1;  // 3 bits: the last four rows widened
+  if (rows < 4 || 4 * kL * kA * run > kPacked || (kBits == 3 && 4 * run > kTail)) return 0;
+  // Per vector i: [query][phase][m][limb] vectors of N bytes.
+  HWY_ALIGN std::int8_t wp[kPacked];
+  for (std::int64_t i = 0; i < run; i += N)
+    for (int j = 0; j < kQ; ++j)
+      for (int k = 0; k < kPer; ++k)
+        for (int limb = 0; limb < kL; ++limb) {
+          const auto w = hn::BitCast(du32, hn::LoadU(di8, w8 + j * w8_stride + limb * dim + k * run + i));
+          std::int8_t* at = wp + i * 4 * kL * kA + ((j * kPer + k) * 4 * kL + limb) * N;
+          hn::Store(hn::BitCast(di8, hn::Broadcast<0>(w)), di8, at);
+          hn::Store(hn::BitCast(di8, hn::Broadcast<1>(w)), di8, at + kL * N);
+          hn::Store(hn::BitCast(di8, hn::Broadcast<2>(w)), di8, at + 2 * kL * N);
+          hn::Store(hn::BitCast(di8, hn::Broadcast<3>(w)), di8, at + 3 * kL * N);
+        }
+  const AccTag<kPairs, D8> da;
+  // Rows are requested kT4Ahead ahead, every row's first line (a third of
+  // the rows ahead of the other kernels' one line per row did not keep this
+  // faster kernel fed: hex4@int8 decode at a group of 4 on a Zen 5 guest
+  // took 20% more time than with ScoresIntRows at one line per step of four
+  // rows, 48 rows ahead; 3% less at a line per row; 5-7% less 96 rows
+  // ahead). The rows before the loop's first request are requested here.
+  constexpr std::int64_t kT4Ahead = 2 * kPrefetchRows;
+  for (std::int64_t k = 0; k < std::min(rows, kT4Ahead); ++k) __builtin_prefetch(codes + k * row_bytes, 0, 3);
+  [[maybe_unused]] const Groups3<D8> g3;
+  // Four rows of kB-bit codes from row, stride apart (kB = 3: stored 3-bit
+  // rows read in place, not the block's last; 4: also 3-bit rows widened to
+  // 4 bits), their scores to out + r.
+  const auto step = [&](const std::uint8_t* row, std::int64_t stride, std::int64_t r, auto bits_c) KVCAL_INLINE_LAMBDA {
+    constexpr int kB = decltype(bits_c)::value;
+    hn::Vec<decltype(da)> h[kA], l[kA];
+    Unroll<kA>([&](auto x) KVCAL_INLINE_LAMBDA { h[x] = l[x] = hn::Zero(da); });
+    const std::uint8_t* stored = codes + r * row_bytes;
+    for (int k = 0; k < 4; ++k)  // past the end is harmless
+      __builtin_prefetch(stored + (kT4Ahead + k) * row_bytes, 0, 3);
+    for (std::int64_t i = 0; i < run; i += N) {
+      const std::int8_t* wi = Launder(wp + i * 4 * kL * kA);
+      const std::uint8_t* at = row + IntOffset<kB>(i);
+      const auto c0 = hn::BitCast(du32, IntBytes<kB>(d8, at, g3));
+      const auto c1 = hn::BitCast(du32, IntBytes<kB>(d8, at + stride, g3));
+      const auto c2 = hn::BitCast(du32, IntBytes<kB>(d8, at + 2 * stride, g3));
+      const auto c3 = hn::BitCast(du32, IntBytes<kB>(d8, at + 3 * stride, g3));
+      const auto lo01 = hn::BitCast(du64, hn::InterleaveLower(du32, c0, c1));
+      const auto hi01 = hn::BitCast(du64, hn::InterleaveUpper(du32, c0, c1));
+      const auto lo23 = hn::BitCast(du64, hn::InterleaveLower(du32, c2, c3));
+      const auto hi23 = hn::BitCast(du64, hn::InterleaveUpper(du32, c2, c3));
+      const hn::Vec<D8> t[4] = {hn::BitCast(d8, hn::InterleaveLower(du64, lo01, lo23)),
+                                hn::BitCast(d8, hn::InterleaveUpper(du64, lo01, lo23)),
+                                hn::BitCast(d8, hn::InterleaveLower(du64, hi01, hi23)),
+                                hn::BitCast(d8, hn::InterleaveUpper(du64, hi01, hi23))};
+      Unroll<4>([&](auto m) KVCAL_INLINE_LAMBDA {
+        hn::Vec<D8> ph[kPer];
+        Unroll<kPer>([&](auto k) KVCAL_INLINE_LAMBDA { ph[k] = PhaseBytes<kB, k>(d8, t[m]); });
+        Unroll<kQ>([&](auto j) KVCAL_INLINE_LAMBDA {
+          Unroll<kPer>([&](auto k) KVCAL_INLINE_LAMBDA {
+            constexpr int x = decltype(j)::value * kPer + decltype(k)::value;
+            const std::int8_t* wk = wi + (x * 4 + decltype(m)::value) * kL * N;
+            h[x] = DotAcc<kPairs>(d8, ph[k], hn::Load(di8, wk), h[x]);
+            KVCAL_PIN(h[x]);
+            if constexpr (kL == 2) {
+              l[x] = DotAcc<kPairs>(d8, ph[k], hn::Load(di8, wk + N), l[x]);
+              KVCAL_PIN(l[x]);
+            }
+          });
+        });
+      });
+    }
+    Unroll<kQ>([&](auto j) KVCAL_INLINE_LAMBDA {
+      auto hs = hn::Zero(d32), ls = hn::Zero(d32);
+      Unroll<kPer>([&](auto k) KVCAL_INLINE_LAMBDA {
+        constexpr int x = decltype(j)::value * kPer + decltype(k)::value;
+        hs = AddAcc<kPairs>(d8, h[x], hs);
+        if constexpr (kL == 2) ls = AddAcc<kPairs>(d8, l[x], ls);
+      });
+      StoreBlockSum(d32, MergeLimbs<kL>(hs, ls), out + decltype(j)::value * out_stride + r);
+    });
+  };
+  std::int64_t r = 0;
+  if constexpr (kBits == 3) {
+    // In place but for the block's last row (IntBytes<3> reads past its
+    // row): the last four rows widened to 4-bit rows make the last step,
+    // overlapping the one before where rows - 1 is not a multiple of 4.
+    for (; r + 4 <= rows - 1; r += 4) step(codes + r * row_bytes, row_bytes, r, std::integral_constant<int, 3>());
+    HWY_ALIGN std::uint8_t tail[kTail];
+    WidenRows3<false>(codes + (rows - 4) * row_bytes, 4, row_bytes, 2 * run, tail);
+    step(tail, run, rows - 4, std::integral_constant<int, 4>());
+  } else {
+    const auto stored = std::integral_constant<int, kBits>();
+    for (; r + 4 <= rows; r += 4) step(codes + r * row_bytes, row_bytes, r, stored);
+    // The last rows (fewer than four): one more step over the last four,
+    // overlapping the one before, whose rows get the same sums (the weights
+    // packed above serve it).
+    if (r < rows) step(codes + (rows - 4) * row_bytes, row_bytes, rows - 4, stored);
+  }
+  return rows;
+}
+
+// ScoresIntT4 with int16 pair sums where each lane adds at most kPairSums of
+// them per phase (4 run / Lanes(d8)), else int32 sums.
+template <int kBits, int kQ, int kL, class D8>
+HWY_INLINE std::int64_t ScoresIntFour(D8 d8, const std::uint8_t* codes, std::int64_t rows, std::int64_t row_bytes,
+                                      std::int64_t run, std::int64_t dim, const std::int8_t* w8, std::int64_t w8_stride,
+                                      std::int32_t* out, std::int64_t out_stride) {
+  if (kPairTarget && 4 * run / static_cast<std::int64_t>(hn::Lanes(d8)) <= kPairSums)
+    return ScoresIntT4<kBits, kQ, kL, kPairTarget>(d8, codes, rows, row_bytes, run, dim, w8, w8_stride, out,
+                                                   out_stride);
+  return ScoresIntT4<kBits, kQ, kL, false>(d8, codes, rows, row_bytes, run, dim, w8, w8_stride, out, out_stride);
+}
+#endif
+
+template <int kBits, int kL, class D8>
+void ScoresIntGroups(D8 d8, const std::uint8_t* codes, std::int64_t rows, std::int64_t row_bytes, std::int64_t run,
+                     std::int64_t dim, const std::int8_t* w8, std::int64_t nq, std::int64_t w8_stride,
+                     std::int32_t* out, std::int64_t out_stride) {
+  for (std::int64_t j = 0; j < nq; j += 4) {
+    const std::int8_t* wj = w8 + j * w8_stride;
+    std::int32_t* oj = out + j * out_stride;
+    const auto group = [&](auto kq) {
+      constexpr int kQ = decltype(kq)::value;
+      std::int64_t r = 0;
+#if !HWY_HAVE_SCALABLE && KVCAL_ROW_KERNELS
+      constexpr int kR = std::max(1, (kAccVectors / kL) / kQ);  // kL limbs per row and query
+      const auto unrolled = [&](const std::uint8_t* c, std::int64_t n, std::int32_t* o, std::int64_t os) {
+        // int16 pair sums where a row adds at most kPairSums of them per lane.
+        if (kPairTarget && run / static_cast<std::int64_t>(hn::Lanes(d8)) * IntPhases(kBits) <= kPairSums)
+          return ScoresIntRows<kBits, kQ, kL, kR, kPairTarget>(d8, c, n, row_bytes, run, dim, wj, w8_stride, o, os);
+        return ScoresIntRows<kBits, kQ, kL, kR, false>(d8, c, n, row_bytes, run, dim, wj, w8_stride, o, os);
+      };
+      // 4- and 2-bit rows on targets with 32 vector registers (AVX-512, NEON, not
+      // timed on AVX2's 16, where kQ kPer accumulators and the four
+      // transposed vectors would fill them): see ScoresIntT4.
+      if constexpr (kQ >= 2 && (kBits == 4 || kBits == 2) && kAccVectors >= 16) {
+        if (ScoresIntFour<kBits, kQ, kL>(d8, codes, rows, row_bytes, run, dim, wj, w8_stride, oj, out_stride) == rows)
+          return;
+      }
+      r = unrolled(codes, rows, oj, out_stride);
+      // More than half a step of rows left (a HEX block's kept tokens leave
+      // 94 rows of 96, 14 past the last step of 16): one more step over the
+      // last kR rows, overlapping the step before, whose rows it writes
+      // again with the same sums (ScoresInt took 1.7 times as long per row, by the
+      // two kernels' shares of a profile of hex4@int8 on a Zen 5 host).
+      if (r < rows && rows >= kR && 2 * (rows - r) > kR &&
+          unrolled(codes + (rows - kR) * row_bytes, kR, oj + (rows - kR), out_stride) == kR)
+        r = rows;
+#endif
+      if (r < rows)
+        ScoresInt<kBits, kQ, kL>(d8, codes + r * row_bytes, rows - r, row_bytes, run, dim, wj, w8_stride, oj + r,
+                                 out_stride);
+    };
+    switch (std::min<std::int64_t>(4, nq - j)) {
+      case 1:
+        group(std::integral_constant<int, 1>());
+        break;
+      case 2:
+        group(std::integral_constant<int, 2>());
+        break;
+      case 3:
+        group(std::integral_constant<int, 3>());
+        break;
+      default:
+        group(std::integral_constant<int, 4>());
+        break;
+    }
+  }
+}
+
+#if !HWY_HAVE_SCALABLE && KVCAL_ROW_KERNELS
+// Scores of one query over 3-bit rows read in place (see Fused3); the rows
+// after the last whole step of ScoresIntRows are widened first.
+template <int kL, class D8>
+void Scores3One(D8 d8, const std::uint8_t* codes, std::int64_t rows, std::int64_t row_bytes, std::int64_t run,
+                std::int64_t dim, const std::int8_t* w8, std::int64_t w8_stride, std::int32_t* out,
+                std::int64_t out_stride) {
+  constexpr int kR = std::max(1, kAccVectors / kL);
+  std::int64_t r = 0;
+  if (kPairTarget && run / static_cast<std::int64_t>(hn::Lanes(d8)) * 2 <= kPairSums)
+    r = ScoresIntRows<3, 1, kL, kR, kPairTarget>(d8, codes, rows, row_bytes, run, dim, w8, w8_stride, out, out_stride);
+  else
+    r = ScoresIntRows<3, 1, kL, kR, false>(d8, codes, rows, row_bytes, run, dim, w8, w8_stride, out, out_stride);
+  if (r < rows)
+    WidenedChunks3<false>(codes + r * row_bytes, rows - r, row_bytes, dim,
+                          [&](const std::uint8_t* wide, std::int64_t n, std::int64_t r0) {
+                            ScoresInt<4, 1, kL>(d8, wide, n, run, run, dim, w8, w8_stride, out + r + r0, out_stride);
+                          });
+}
+#endif
+
+template <int kL, class D8>
+void ScoresIntPer(D8 d8, int bits, const std::uint8_t* codes, std::int64_t rows, std::int64_t row_bytes,
+                  std::int64_t run, std::int64_t dim, const std::int8_t* w8, std::int64_t nq, std::int64_t w8_stride,
+                  std::int32_t* out, std::int64_t out_stride) {
+  if (bits == 2) {
+    ScoresIntGroups<2, kL>(d8, codes, rows, row_bytes, run, dim, w8, nq, w8_stride, out, out_stride);
+  } else if (bits == 4) {
+    ScoresIntGroups<4, kL>(d8, codes, rows, row_bytes, run, dim, w8, nq, w8_stride, out, out_stride);
+  } else {
+#if !HWY_HAVE_SCALABLE && KVCAL_ROW_KERNELS
+    if constexpr (Fused3<kL>()) {
+      if (nq == 1) return Scores3One<kL>(d8, codes, rows, row_bytes, run, dim, w8, w8_stride, out, out_stride);
+#if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3
+      // GQA groups on AVX-512, whose 32 registers hold the widening's
+      // constants beside the sums: the rows read in place, four queries at a
+      // time, so that waiting for them from memory overlaps the arithmetic
+      // (widened first, the wait came before any arithmetic: hex3@int8 decode
+      // at a group of 4 on a Zen 5 guest 5% slower); the rows from the last
+      // unrolled step on, which hold the block's last row, widened. Two or
+      // more queries take ScoresIntT4 on the rows in place (its last step
+      // widened): slower than ScoresIntRows in cache (bench_kernels
+      // kernel/scores/int8/3/4 on that guest, 3 interleaved rounds: 327-333
+      // -> 354-358 ns), but hex3@int8 decode at a group of 4 took 10-13%
+      // less time in three runs of 3 interleaved rounds (2.39-2.45 ->
+      // 2.12-2.20 ms): the rows wait on memory, and the widening in
+      // registers overlaps that wait.
+      const bool pairs = kPairTarget && run / static_cast<std::int64_t>(hn::Lanes(d8)) * IntPhases(3) <= kPairSums;
+      for (std::int64_t j = 0; j < nq; j += 4) {
+        const std::int8_t* wj = w8 + j * w8_stride;
+        std::int32_t* oj = out + j * out_stride;
+        const auto group = [&](auto kq) {
+          constexpr int kQ = decltype(kq)::value;
+          constexpr int kR = std::max(1, (kAccVectors / kL) / kQ);
+          if constexpr (kQ >= 2)  // four rows at a time, all of them where it can
+            if (ScoresIntFour<3, kQ, kL>(d8, codes, rows, row_bytes, run, dim, wj, w8_stride, oj, out_stride) == rows)
+              return rows;
+          if (pairs)
+            return ScoresIntRows<3, kQ, kL, kR, kPairTarget>(d8, codes, rows, row_bytes, run, dim, wj, w8_stride, oj,
+                                                             out_stride);
+          return ScoresIntRows<3, kQ, kL, kR, false>(d8, codes, rows, row_bytes, run, dim, wj, w8_stride, oj,
+                                                     out_stride);
+        };
+        std::int64_t done = 0;
+        const std::int64_t g = std::min<std::int64_t>(4, nq - j);
+        switch (g) {
+          case 1:
+            done = group(std::integral_constant<int, 1>());
+            break;
+          case 2:
+            done = group(std::integral_constant<int, 2>());
+            break;
+          case 3:
+            done = group(std::integral_constant<int, 3>());
+            break;
+          default:
+            done = group(std::integral_constant<int, 4>());
+            break;
+        }
+        if (done < rows)  // this group's rows left (widened), for its queries only
+          WidenedChunks3<false>(codes + done * row_bytes, rows - done, row_bytes, dim,
+                                [&](const std::uint8_t* wide, std::int64_t n, std::int64_t r0) {
+                                  ScoresIntGroups<4, kL>(d8, wide, n, run, run, dim, wj, g, w8_stride, oj + done + r0,
+                                                         out_stride);
+                                });
+      }
+      return;
+#endif
+    }
+#endif
+    WidenedChunks3<false>(codes, rows, row_bytes, dim, [&](const std::uint8_t* wide, std::int64_t n, std::int64_t r0) {
+      ScoresIntGroups<4, kL>(d8, wide, n, run, run, dim, w8, nq, w8_stride, out + r0, out_stride);
+    });
+  }
+}
+#endif  // HWY_TARGET != HWY_SCALAR
+
+void CodeScoresInt(const std::uint8_t* codes, std::int64_t rows, std::int64_t row_bytes, int bits, std::int64_t dim,
+                   int limbs, const std::int8_t* w8, std::int64_t nq, std::int64_t w8_stride, std::int32_t* out,
+                   std::int64_t out_stride) {
+#if HWY_TARGET != HWY_SCALAR
+  if (WithIntKernel(bits, dim, limbs, [&](auto d8, auto kl, std::int64_t run) {
+        ScoresIntPer<decltype(kl)::value>(d8, bits, codes, rows, row_bytes, run, dim, w8, nq, w8_stride, out,
+                                          out_stride);
+      }))
+    return;
+#endif
+  code_scores_int_reference(codes, rows, row_bytes, bits, dim, limbs, w8, nq, w8_stride, out, out_stride);
+}
+
+}  // namespace KVCAL_KERNEL_NS
+}  // namespace kvcal::runtime::detail
+HWY_AFTER_NAMESPACE();
+
+#define KVCAL_AVXVNNI_FILE "runtime/hex/scores_int_cpu.cpp"
+#include "runtime/hex/avxvnni_pass.h"  // IWYU pragma: keep
+
+#if HWY_ONCE && !defined(KVCAL_AVXVNNI_PASS)
+namespace kvcal::runtime::detail {
+
+HWY_EXPORT(CodeScoresInt);
+
+void code_scores_int(const std::uint8_t* codes, std::int64_t rows, std::int64_t row_bytes, int bits, std::int64_t dim,
+                     int limbs, const std::int8_t* w8, std::int64_t nq, std::int64_t w8_stride, std::int32_t* out,
+                     std::int64_t out_stride) {
+#if KVCAL_HAVE_AVXVNNI_KERNELS
+  if (avx_vnni_active())
+    return N_AVX2_VNNI::CodeScoresInt(codes, rows, row_bytes, bits, dim, limbs, w8, nq, w8_stride, out, out_stride);
+#endif
+  HWY_DYNAMIC_DISPATCH(CodeScoresInt)(codes, rows, row_bytes, bits, dim, limbs, w8, nq, w8_stride, out, out_stride);
+}
+
+}  // namespace kvcal::runtime::detail
+#endif  // HWY_ONCE
