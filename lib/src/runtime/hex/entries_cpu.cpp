@@ -428,8 +428,8 @@ HWY_INLINE void Runs(const std::uint16_t* HWY_RESTRICT kept, std::int64_t nk, st
 // lets f load its per-row arrays with plain loads where no lane is clear:
 // most vectors of a block, as few tokens are kept. An expanding load from
 // memory costs about 6 cycles of throughput on Zen 4 against 2 for a plain
-// one (a loop of 16-lane loads: 1.9 against 0.55 ns a vector), and a block
-// made 6-10 of them per vector of 16 tokens.
+// one (a loop of 16-lane loads: 1.9 against 0.55 ns a vector), and the two
+// passes made 7 (one query) to 10 (four) of them per vector of 16 tokens.
 template <int kG, class F>
 HWY_INLINE void ExpandedVectors(const half_bits* HWY_RESTRICT x, const std::uint16_t* HWY_RESTRICT kept,
                                 std::int64_t nk, std::int64_t tokens, F f) {
