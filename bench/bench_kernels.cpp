@@ -12,7 +12,9 @@
 //    kernels); kernel/widen3/memory/<ahead> the same from memory, and
 //    kernel/copy3/memory a copy of those bytes.
 //  kernel/run_entries/<group>: the fused per-token kernels of a HEX block's
-//    expander entries, key and value side, for a GQA group.
+//    expander entries, key and value side, for a GQA group;
+//    kernel/run_entries/keys/<group> and kernel/run_entries/values/<group>
+//    each side alone.
 //  kernel/softmax: softmax_row over one query's 32K scores (the decode
 //    benchmark's context; 128 KB, in the L2 cache), items = weights.
 // items_per_second counts codes times queries (multiply-adds).
@@ -224,7 +226,9 @@ void entry_diffs(benchmark::State& state) {
 // a key table of 128 mins): key_run_scores (bias, integer code part, entries) and
 // value_run_weights (weights, bias sums, entry sums). items = tokens times
 // queries.
-void run_entries(benchmark::State& state) {
+// side: 3 both passes (kernel/run_entries), 1 the key pass alone
+// (kernel/run_entries/keys), 2 the value pass alone (kernel/run_entries/values).
+void run_entries(benchmark::State& state, int side) {
   const std::int64_t nq = state.range(0), d1 = 4, nqr = 94;
   std::mt19937_64 rng(8);
   std::normal_distribution<float> g(0.0f, 1.0f);
@@ -244,10 +248,12 @@ void run_entries(benchmark::State& state) {
   for (auto& v : x) v = kvcal::runtime::float_to_half(g(rng));
   const std::uint16_t kept[2] = {30, 64};  // runs of 30, 33 and 31 quantized tokens
   for (auto _ : state) {
-    d::key_run_scores(mins.data(), kDim, idx.data(), kRows, x.data(), kept, 2, kRows, d1, nq, bias.data(), w.data(),
-                      qi.data(), nullptr, nqr, a.data(), kRows, out.data(), kRows);
-    d::value_run_weights(params.data(), x.data(), kept, 2, kRows, d1, nq, p.data(), kRows, a_out.data(), nqr, y.data(),
-                         kRows, base.data(), amax.data());
+    if (side & 1)
+      d::key_run_scores(mins.data(), kDim, idx.data(), kRows, x.data(), kept, 2, kRows, d1, nq, bias.data(), w.data(),
+                        qi.data(), nullptr, nqr, a.data(), kRows, out.data(), kRows);
+    if (side & 2)
+      d::value_run_weights(params.data(), x.data(), kept, 2, kRows, d1, nq, p.data(), kRows, a_out.data(), nqr,
+                           y.data(), kRows, base.data(), amax.data());
     benchmark::DoNotOptimize(out.data());
     benchmark::DoNotOptimize(y.data());
   }
@@ -270,7 +276,9 @@ int register_all() {
   }
   benchmark::RegisterBenchmark("kernel/scores_rows/int8", scores_rows)->Arg(94)->Arg(96);
   benchmark::RegisterBenchmark("kernel/entry_diffs", entry_diffs)->Arg(128)->Arg(129);
-  benchmark::RegisterBenchmark("kernel/run_entries", run_entries)->Arg(1)->Arg(4);
+  benchmark::RegisterBenchmark("kernel/run_entries", run_entries, 3)->Arg(1)->Arg(4);
+  benchmark::RegisterBenchmark("kernel/run_entries/keys", run_entries, 1)->Arg(1)->Arg(4);
+  benchmark::RegisterBenchmark("kernel/run_entries/values", run_entries, 2)->Arg(1)->Arg(4);
   benchmark::RegisterBenchmark("kernel/widen3", widen3);
   benchmark::RegisterBenchmark("kernel/widen3/memory", widen3_memory)->Arg(0)->Arg(2);
   benchmark::RegisterBenchmark("kernel/copy3/memory", copy3_memory);

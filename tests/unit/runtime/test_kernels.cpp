@@ -652,6 +652,35 @@ TEST(HexKernels, IntegerCodeKernelsEqualReferenceExactly) {
                   ASSERT_EQ(static_cast<float>(accref[static_cast<std::size_t>(j * cs + is.slot(c))] -
                                                acc0[static_cast<std::size_t>(j * cs + is.slot(c))]),
                             facc[static_cast<std::size_t>(j * dim + fs.slot(c))]);
+              // Scaled into floats (the decode's form): the same exact sums
+              // times ws[j], added to rows that start non-zero, against the
+              // sums in double. Bound: a few roundings of the sum of the
+              // terms' magnitudes (the float reference fed |w|, exact here:
+              // below 2^24), as chunked 3-bit rows add scaled partial sums.
+              std::vector<float> sw(static_cast<std::size_t>(nq)), fs0(static_cast<std::size_t>(nq * cs));
+              for (i64 j = 0; j < nq; ++j)
+                sw[static_cast<std::size_t>(j)] = std::ldexp((j % 2 ? -1.0f : 1.0f) * (1.0f + 0.37f * j), -12);
+              for (auto& x : fs0) x = static_cast<float>(byte(rng)) - 100.5f;
+              auto fsum = fs0;
+              std::vector<std::int32_t> scratch(static_cast<std::size_t>(nq * dim), 12345);
+              code_accumulate_int_scaled(codes.data(), rows, rb, bits, dim, limbs, a.data(), nq, as, sw.data(),
+                                         fsum.data(), cs, scratch.data());
+              std::vector<float> aabs(af.size()), mag(static_cast<std::size_t>(nq * dim), 0.0f);
+              for (std::size_t k = 0; k < af.size(); ++k) aabs[k] = std::fabs(af[k]);
+              code_accumulate_reference(codes.data(), rows, rb, bits, dim, aabs.data(), nq, rows, mag.data(), dim);
+              for (i64 j = 0; j < nq; ++j) {
+                const double wj = sw[static_cast<std::size_t>(j)];
+                for (i64 c = 0; c < dim; ++c) {
+                  const auto at = static_cast<std::size_t>(j * cs + is.slot(c));
+                  const double exact = fs0[at] + wj * static_cast<double>(accref[at] - acc0[at]);
+                  const double bound =
+                      std::ldexp(4.0, -24) *
+                      (std::fabs(fs0[at]) + std::fabs(wj) * mag[static_cast<std::size_t>(j * dim + fs.slot(c))]);
+                  ASSERT_NEAR(fsum[at], exact, bound) << "query " << j << " channel " << c;
+                }
+                for (i64 x = dim; x < cs; ++x)  // past the row: untouched
+                  ASSERT_EQ(fsum[static_cast<std::size_t>(j * cs + x)], fs0[static_cast<std::size_t>(j * cs + x)]);
+              }
             }
   });
 }
@@ -687,6 +716,14 @@ TEST(HexKernels, IntegerCodeKernelsTakeWide3BitRows) {
             code_accumulate_int_reference(codes.data(), rows, rb, 3, dim, limbs, a.data(), nq, limbs * rows,
                                           accref.data(), dim);
             ASSERT_EQ(acc, accref);
+            // Scaled into floats by 2^-8 (exact: these sums are below 2^24 in magnitude).
+            const std::vector<float> sw(static_cast<std::size_t>(nq), 1.0f / 256);
+            std::vector<float> fsum(static_cast<std::size_t>(nq * dim), 0.5f);
+            std::vector<std::int32_t> scratch(static_cast<std::size_t>(nq * dim));
+            code_accumulate_int_scaled(codes.data(), rows, rb, 3, dim, limbs, a.data(), nq, limbs * rows, sw.data(),
+                                       fsum.data(), dim, scratch.data());
+            for (std::size_t k = 0; k < fsum.size(); ++k)
+              ASSERT_EQ(fsum[k], 0.5f + static_cast<float>(accref[k] - 3) / 256) << "element " << k;
           }
   });
 }

@@ -501,9 +501,9 @@ void detail::block_accumulate(const HexBlockView& b, const float* p, std::int64_
     std::int32_t* ai = Scratch::get(sc.qi, nq * d);
     float* ws = Scratch::get(sc.ws, nq);
     quantize_rows(limbs, a, nq, nqr, w8, ws, amax);
-    std::fill(ai, ai + nq * d, 0);
-    code_accumulate_int(b.v_codes, nqr, b.row_bytes, b.bits, d, limbs, w8, nq, limbs * nqr, ai, d);
-    for (std::int64_t j = 0; j < nq; ++j) axpy_int(ws[j], ai + j * d, acc + j * d, d);
+    // The integer sums scaled into acc by the kernel itself (ai: scratch for
+    // layouts the integer kernels do not take).
+    code_accumulate_int_scaled(b.v_codes, nqr, b.row_bytes, b.bits, d, limbs, w8, nq, limbs * nqr, ws, acc, d, ai);
     return;
   }
   if (nqr > 0) code_accumulate(b.v_codes, nqr, b.row_bytes, b.bits, d, a, nq, nqr, acc, d);

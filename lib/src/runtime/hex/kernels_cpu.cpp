@@ -1121,15 +1121,57 @@ HWY_INLINE void FlushLimbs(D32 d32, hn::Vec<D32> h, hn::Vec<D32> l, const std::i
   for (std::size_t x = 0; x < hn::Lanes(d32); ++x) acc[pm[x]] += lanes[x];
 }
 
+// Where the value kernels put their sums. IntSums adds them to int32 rows
+// (code_accumulate_int: exact). ScaledSums adds ws[j] * sum to float rows
+// (code_accumulate_int_scaled): the decode then has no int32 rows to clear
+// before the kernel and no pass to scale them after it. Query(j) is query
+// j's rows; FlushLanes adds lane x at pm[x], FlushBlocks (AccumulateIntQ's
+// transposed layout, see FlushTransposed) lane e of 128-bit block k of
+// transposed vector m at 16 k + 4 m + e.
+struct IntSums {
+  std::int32_t* acc;
+  std::int64_t stride;
+  IntSums Query(std::int64_t j) const { return {acc + j * stride, stride}; }
+  template <int kL, class D32>
+  HWY_INLINE void FlushLanes(D32 d32, hn::Vec<D32> h, hn::Vec<D32> l, const std::int64_t* pm, std::int64_t j,
+                             std::int64_t at) const {
+    FlushLimbs<kL>(d32, h, l, pm, acc + j * stride + at);
+  }
+  template <int kL, class D32>
+  HWY_INLINE void FlushBlocks(D32 d32, hn::Vec<D32> h, hn::Vec<D32> l, int m, std::int64_t j, std::int64_t at) const;
+};
+struct ScaledSums {
+  float* acc;
+  std::int64_t stride;
+  const float* ws;
+  ScaledSums Query(std::int64_t j) const { return {acc + j * stride, stride, ws + j}; }
+  // The merged limbs times ws[j], as floats.
+  template <int kL, class D32>
+  HWY_INLINE void Scaled(D32 /*d32*/, hn::Vec<D32> h, hn::Vec<D32> l, std::int64_t j, float* lanes) const {
+    const hn::Rebind<float, D32> df;
+    hn::Store(hn::Mul(hn::Set(df, ws[j]), hn::ConvertTo(df, MergeLimbs<kL>(h, l))), df, lanes);
+  }
+  template <int kL, class D32>
+  HWY_INLINE void FlushLanes(D32 d32, hn::Vec<D32> h, hn::Vec<D32> l, const std::int64_t* pm, std::int64_t j,
+                             std::int64_t at) const {
+    HWY_ALIGN float lanes[hn::MaxLanes(d32)];
+    Scaled<kL>(d32, h, l, j, lanes);
+    float* a = acc + j * stride + at;
+    for (std::size_t x = 0; x < hn::Lanes(d32); ++x) a[pm[x]] += lanes[x];
+  }
+  template <int kL, class D32>
+  HWY_INLINE void FlushBlocks(D32 d32, hn::Vec<D32> h, hn::Vec<D32> l, int m, std::int64_t j, std::int64_t at) const;
+};
+
 #if HWY_HAVE_SCALABLE || !KVCAL_ROW_KERNELS
 // One query at a time (named accumulators: scalable vectors form no arrays);
 // kM of the four transposed vectors per pass over the rows. Also what the
 // sanitizer builds run on fixed-size targets: AccumulateIntQ's unrolled
 // arrays of vectors, instrumented, take the compiler tens of minutes (see
 // KVCAL_ROW_KERNELS; valgrind checks that kernel in the Release build).
-template <int kPer, int kM, int kL, class D8>
+template <int kPer, int kM, int kL, class D8, class Out>
 void AccumulateInt(D8 d8, const std::uint8_t* codes, std::int64_t rows, std::int64_t row_bytes, std::int64_t run,
-                   const std::int8_t* w8, std::int64_t limb_stride, std::int32_t* acc) {
+                   const std::int8_t* w8, std::int64_t limb_stride, const Out& out) {
   constexpr int kBits = 8 / kPer;
   const hn::Repartition<std::int32_t, D8> d32;
   const auto N = static_cast<std::int64_t>(hn::Lanes(d8));
@@ -1164,7 +1206,7 @@ void AccumulateInt(D8 d8, const std::uint8_t* codes, std::int64_t rows, std::int
         if constexpr (kM > 1) one(1, a10, a11, a12, a13, b10, b11, b12, b13);
       }
       const auto flush = [&](int mm, int k, auto h, auto l) {
-        FlushLimbs<kL>(d32, h, l, tr.perm + (m0 + mm) * N32, acc + k * run + i);
+        out.template FlushLanes<kL>(d32, h, l, tr.perm + (m0 + mm) * N32, 0, k * run + i);
       };
       flush(0, 0, a00, b00);
       if constexpr (kPer >= 2) flush(0, 1, a01, b01);
@@ -1192,6 +1234,22 @@ HWY_INLINE void FlushTransposed(D32 d32, hn::Vec<D32> h, hn::Vec<D32> l, int m, 
     hn::StoreU(hn::Add(hn::LoadU(d4, a), hn::Load(d4, lanes + 4 * k)), d4, a);
   }
 }
+template <int kL, class D32>
+HWY_INLINE void IntSums::FlushBlocks(D32 d32, hn::Vec<D32> h, hn::Vec<D32> l, int m, std::int64_t j,
+                                     std::int64_t at) const {
+  FlushTransposed<kL>(d32, h, l, m, acc + j * stride + at);
+}
+template <int kL, class D32>
+HWY_INLINE void ScaledSums::FlushBlocks(D32 d32, hn::Vec<D32> h, hn::Vec<D32> l, int m, std::int64_t j,
+                                        std::int64_t at) const {
+  HWY_ALIGN float lanes[hn::MaxLanes(d32)];
+  Scaled<kL>(d32, h, l, j, lanes);
+  const hn::FixedTag<float, 4> d4;
+  for (std::size_t k = 0; k < hn::Lanes(d32) / 4; ++k) {
+    float* a = acc + j * stride + 16 * k + 4 * static_cast<std::size_t>(m) + at;
+    hn::StoreU(hn::Add(hn::LoadU(d4, a), hn::Load(d4, lanes + 4 * k)), d4, a);
+  }
+}
 
 // kQ queries of a GQA group share each load and transposition of the codes,
 // kM of the four transposed vectors per pass over the rows (kM kL kQ kPer
@@ -1199,10 +1257,10 @@ HWY_INLINE void FlushTransposed(D32 d32, hn::Vec<D32> h, hn::Vec<D32> l, int m, 
 // limb_stride after their hi limbs. 3-bit rows (kBits = 3) are read in place
 // (IntBytes) but for the last group of four rows, which holds the block's
 // last row: those rows are widened to 4-bit rows first (4 run <= kIntWide3Bytes).
-template <int kBits, int kQ, int kL, class D8>
+template <int kBits, int kQ, int kL, class D8, class Out>
 KVCAL_FLATTEN void AccumulateIntQ(D8 d8, const std::uint8_t* codes, std::int64_t rows, std::int64_t row_bytes,
                                   std::int64_t run, const std::int8_t* w8, std::int64_t limb_stride,
-                                  std::int64_t w8_stride, std::int32_t* acc, std::int64_t acc_stride) {
+                                  std::int64_t w8_stride, const Out& out) {
   constexpr int kPer = IntPhases(kBits), kX = kQ * kPer;
   constexpr int kFit = kAccVectors / (kL * kX);
   constexpr int kM = kFit >= 4 ? 4 : kFit >= 2 ? 2 : 1;
@@ -1317,23 +1375,22 @@ KVCAL_FLATTEN void AccumulateIntQ(D8 d8, const std::uint8_t* codes, std::int64_t
       Unroll<kM * kX>([&](auto x) {
         constexpr int mm = decltype(x)::value / kX, q = decltype(x)::value % kX;
         const auto h = hn::Load(d32, hs + x * N32), l = kL == 2 ? hn::Load(d32, ls + x * N32) : h;
-        FlushTransposed<kL>(d32, h, l, m0 + mm, acc + q / kPer * acc_stride + q % kPer * run + i);
+        out.template FlushBlocks<kL>(d32, h, l, m0 + mm, q / kPer, q % kPer * run + i);
       });
     });
   }
 }
 #endif
 
-template <int kL, class D8>
+template <int kL, class D8, class Out>
 void AccumulateIntPer(D8 d8, int bits, const std::uint8_t* codes, std::int64_t rows, std::int64_t row_bytes,
                       std::int64_t run, const std::int8_t* w8, std::int64_t limb_stride, std::int64_t nq,
-                      std::int64_t w8_stride, std::int32_t* acc, std::int64_t acc_stride) {
+                      std::int64_t w8_stride, const Out& out) {
   if (bits == 3) {
 #if !HWY_HAVE_SCALABLE && KVCAL_ROW_KERNELS
     if constexpr (Fused3<kL>()) {
       if (4 * run <= kIntWide3Bytes) {  // its last four rows' widened copy fits
-        if (nq == 1)
-          return AccumulateIntQ<3, 1, kL>(d8, codes, rows, row_bytes, run, w8, limb_stride, w8_stride, acc, acc_stride);
+        if (nq == 1) return AccumulateIntQ<3, 1, kL>(d8, codes, rows, row_bytes, run, w8, limb_stride, w8_stride, out);
         // Groups too where the read is VBMI's two shuffles (IntBytes): the
         // value kernel then widens the codes once per pass, on the shuffle
         // port, instead of storing and reloading them widened. hex3@int8
@@ -1342,7 +1399,7 @@ void AccumulateIntPer(D8 d8, int bits, const std::uint8_t* codes, std::int64_t r
         if constexpr (VbmiRead3(D8())) {
           InGroupsOf4(nq, [&](auto kq, std::int64_t j) {
             AccumulateIntQ<3, decltype(kq)::value, kL>(d8, codes, rows, row_bytes, run, w8 + j * w8_stride, limb_stride,
-                                                       w8_stride, acc + j * acc_stride, acc_stride);
+                                                       w8_stride, out.Query(j));
           });
           return;
         }
@@ -1351,24 +1408,24 @@ void AccumulateIntPer(D8 d8, int bits, const std::uint8_t* codes, std::int64_t r
           codes, rows, row_bytes, 2 * run, [&](const std::uint8_t* wide, std::int64_t n, std::int64_t r0) {
             InGroupsOf4(nq, [&](auto kq, std::int64_t j) {
               AccumulateIntQ<kWide3, decltype(kq)::value, kL>(d8, wide, n, run, run, w8 + j * w8_stride + r0,
-                                                              limb_stride, w8_stride, acc + j * acc_stride, acc_stride);
+                                                              limb_stride, w8_stride, out.Query(j));
             });
           });
       return;
     }
 #endif
-    WidenedChunks3<false>(
-        codes, rows, row_bytes, 2 * run, [&](const std::uint8_t* wide, std::int64_t n, std::int64_t r0) {
-          AccumulateIntPer<kL>(d8, 4, wide, n, run, run, w8 + r0, limb_stride, nq, w8_stride, acc, acc_stride);
-        });
+    WidenedChunks3<false>(codes, rows, row_bytes, 2 * run,
+                          [&](const std::uint8_t* wide, std::int64_t n, std::int64_t r0) {
+                            AccumulateIntPer<kL>(d8, 4, wide, n, run, run, w8 + r0, limb_stride, nq, w8_stride, out);
+                          });
     return;
   }
 #if HWY_HAVE_SCALABLE || !KVCAL_ROW_KERNELS
   for (std::int64_t j = 0; j < nq; ++j) {
     if (bits == 2)
-      AccumulateInt<4, 2, kL>(d8, codes, rows, row_bytes, run, w8 + j * w8_stride, limb_stride, acc + j * acc_stride);
+      AccumulateInt<4, 2, kL>(d8, codes, rows, row_bytes, run, w8 + j * w8_stride, limb_stride, out.Query(j));
     else
-      AccumulateInt<2, 2, kL>(d8, codes, rows, row_bytes, run, w8 + j * w8_stride, limb_stride, acc + j * acc_stride);
+      AccumulateInt<2, 2, kL>(d8, codes, rows, row_bytes, run, w8 + j * w8_stride, limb_stride, out.Query(j));
   }
 #else
   // Queries in groups whose accumulators (kL limbs per phase) fit the registers.
@@ -1377,11 +1434,11 @@ void AccumulateIntPer(D8 d8, int bits, const std::uint8_t* codes, std::int64_t r
     constexpr int kG = std::max(1, kAccVectors / (kL * IntPhases(kBits)));
     for (std::int64_t j = 0; j < nq; j += kG) {
       const std::int8_t* wj = w8 + j * w8_stride;
-      std::int32_t* aj = acc + j * acc_stride;
+      const Out aj = out.Query(j);
       const std::int64_t g = std::min<std::int64_t>(kG, nq - j);
       Unroll<kG>([&](auto q) {
         if (q + 1 == g)
-          AccumulateIntQ<kBits, q + 1, kL>(d8, codes, rows, row_bytes, run, wj, limb_stride, w8_stride, aj, acc_stride);
+          AccumulateIntQ<kBits, q + 1, kL>(d8, codes, rows, row_bytes, run, wj, limb_stride, w8_stride, aj);
       });
     }
   };
@@ -1398,12 +1455,29 @@ void CodeAccumulateInt(const std::uint8_t* codes, std::int64_t rows, std::int64_
                        std::int64_t acc_stride) {
 #if HWY_TARGET != HWY_SCALAR
   if (WithIntKernel(bits, dim, limbs, [&](auto d8, auto kl, std::int64_t run) {
-        AccumulateIntPer<decltype(kl)::value>(d8, bits, codes, rows, row_bytes, run, w8, rows, nq, w8_stride, acc,
-                                              acc_stride);
+        AccumulateIntPer<decltype(kl)::value>(d8, bits, codes, rows, row_bytes, run, w8, rows, nq, w8_stride,
+                                              IntSums{acc, acc_stride});
       }))
     return;
 #endif
   code_accumulate_int_reference(codes, rows, row_bytes, bits, dim, limbs, w8, nq, w8_stride, acc, acc_stride);
+}
+
+// See kernels_cpu.h: code_accumulate_int_scaled.
+void CodeAccumulateIntScaled(const std::uint8_t* codes, std::int64_t rows, std::int64_t row_bytes, int bits,
+                             std::int64_t dim, int limbs, const std::int8_t* w8, std::int64_t nq,
+                             std::int64_t w8_stride, const float* ws, float* acc, std::int64_t acc_stride,
+                             std::int32_t* scratch) {
+#if HWY_TARGET != HWY_SCALAR
+  if (WithIntKernel(bits, dim, limbs, [&](auto d8, auto kl, std::int64_t run) {
+        AccumulateIntPer<decltype(kl)::value>(d8, bits, codes, rows, row_bytes, run, w8, rows, nq, w8_stride,
+                                              ScaledSums{acc, acc_stride, ws});
+      }))
+    return;
+#endif
+  std::fill(scratch, scratch + nq * dim, 0);
+  code_accumulate_int_reference(codes, rows, row_bytes, bits, dim, limbs, w8, nq, w8_stride, scratch, dim);
+  for (std::int64_t j = 0; j < nq; ++j) AxpyInt(ws[j], scratch + j * dim, acc + j * acc_stride, dim);
 }
 
 // max |w[i]| over i < n (two accumulators: the max chain is the latency).
@@ -1544,6 +1618,7 @@ HWY_EXPORT(HalfAccumulate);
 HWY_EXPORT(CodeScores);
 HWY_EXPORT(CodeAccumulate);
 HWY_EXPORT(CodeAccumulateInt);
+HWY_EXPORT(CodeAccumulateIntScaled);
 HWY_EXPORT(WidenCodes3To4);
 HWY_EXPORT(QuantizeRows);
 HWY_EXPORT(AddSlots);
@@ -1654,6 +1729,19 @@ void code_accumulate_int(const std::uint8_t* codes, std::int64_t rows, std::int6
 #endif
   HWY_DYNAMIC_DISPATCH(CodeAccumulateInt)
   (codes, rows, row_bytes, bits, dim, limbs, w8, nq, w8_stride, acc, acc_stride);
+}
+
+void code_accumulate_int_scaled(const std::uint8_t* codes, std::int64_t rows, std::int64_t row_bytes, int bits,
+                                std::int64_t dim, int limbs, const std::int8_t* w8, std::int64_t nq,
+                                std::int64_t w8_stride, const float* ws, float* acc, std::int64_t acc_stride,
+                                std::int32_t* scratch) {
+#if KVCAL_HAVE_AVXVNNI_KERNELS
+  if (avx_vnni_active())
+    return N_AVX2_VNNI::CodeAccumulateIntScaled(codes, rows, row_bytes, bits, dim, limbs, w8, nq, w8_stride, ws, acc,
+                                                acc_stride, scratch);
+#endif
+  HWY_DYNAMIC_DISPATCH(CodeAccumulateIntScaled)
+  (codes, rows, row_bytes, bits, dim, limbs, w8, nq, w8_stride, ws, acc, acc_stride, scratch);
 }
 
 float quantize_weights14(const float* w, std::int64_t n, std::int8_t* limbs) {

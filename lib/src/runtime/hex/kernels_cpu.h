@@ -137,6 +137,16 @@ void code_scores_int(const std::uint8_t* codes, std::int64_t rows, std::int64_t 
 void code_accumulate_int(const std::uint8_t* codes, std::int64_t rows, std::int64_t row_bytes, int bits,
                          std::int64_t dim, int limbs, const std::int8_t* w8, std::int64_t nq, std::int64_t w8_stride,
                          std::int32_t* acc, std::int64_t acc_stride);
+// The same sums, scaled into floats: acc[j * acc_stride + slot] += ws[j] *
+// sum_r w_j[r] * code_r(slot). Each call's exact integer sums are scaled
+// once (for 3-bit rows widened in chunks, once per chunk), so the result is
+// that of code_accumulate_int into zeroed rows followed by axpy_int, within
+// a rounding or two. scratch holds nq * dim int32 for the layouts the
+// integer kernels do not take (their reference runs there).
+void code_accumulate_int_scaled(const std::uint8_t* codes, std::int64_t rows, std::int64_t row_bytes, int bits,
+                                std::int64_t dim, int limbs, const std::int8_t* w8, std::int64_t nq,
+                                std::int64_t w8_stride, const float* ws, float* acc, std::int64_t acc_stride,
+                                std::int32_t* scratch);
 // The 14-bit fixed-point weights of the int14 path: v_i = round(w_i * 8191
 // / max|w|) (half to even), as two int8 limbs: hi = floor(v / 128) in
 // limbs[0, n), lo = v - 128 hi in limbs[n, 2n). Returns s = max|w| / 8191 (0
