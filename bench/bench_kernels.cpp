@@ -237,20 +237,24 @@ void run_entries(benchmark::State& state, int side) {
     for (auto& x : v) x = g(rng);
     return v;
   };
-  const std::vector<float> mins = normal(kDim), params = normal(2 * nqr), bias = normal(nq), w = normal(nq),
-                           a = normal(nq * d1 * kRows), p = normal(nq * kRows);
+  std::vector<float> mins = normal(kDim);
+  for (auto& m : mins) m = kvcal::runtime::half_to_float(kvcal::runtime::float_to_half(m));  // binary16, as stored
+  const std::vector<float> params = normal(2 * nqr), bias = normal(nq), w = normal(nq), a = normal(nq * d1 * kRows),
+                           p = normal(nq * kRows);
   std::vector<float> out(static_cast<std::size_t>(nq * kRows)), a_out(static_cast<std::size_t>(nq * nqr)),
       y(static_cast<std::size_t>(nq * d1 * kRows)), base(static_cast<std::size_t>(nq)), amax(base.size());
   std::vector<std::int32_t> idx(static_cast<std::size_t>(d1 * kRows)), qi(static_cast<std::size_t>(nq * nqr));
   for (auto& v : idx) v = static_cast<std::int32_t>(rng() % static_cast<std::uint64_t>(kDim));
+  std::vector<std::uint16_t> idx16;  // as the decode passes them (KeyEntries)
+  d::entry_channels16(idx.data(), kRows, kRows, d1, idx16);
   for (auto& v : qi) v = static_cast<std::int32_t>(rng() % 20000) - 10000;
   std::vector<kvcal::runtime::half_bits> x(static_cast<std::size_t>(nqr * d1));
   for (auto& v : x) v = kvcal::runtime::float_to_half(g(rng));
   const std::uint16_t kept[2] = {30, 64};  // runs of 30, 33 and 31 quantized tokens
   for (auto _ : state) {
     if (side & 1)
-      d::key_run_scores(mins.data(), kDim, idx.data(), kRows, x.data(), kept, 2, kRows, d1, nq, bias.data(), w.data(),
-                        qi.data(), nullptr, nqr, a.data(), kRows, out.data(), kRows);
+      d::key_run_scores(mins.data(), kDim, idx.data(), kRows, idx16.data(), x.data(), kept, 2, kRows, d1, nq,
+                        bias.data(), w.data(), qi.data(), nullptr, nqr, a.data(), kRows, out.data(), kRows);
     if (side & 2)
       d::value_run_weights(params.data(), x.data(), kept, 2, kRows, d1, nq, p.data(), kRows, a_out.data(), nqr,
                            y.data(), kRows, base.data(), amax.data());

@@ -367,7 +367,7 @@ TEST(HexKernels, FusedRunKernelsMatchReference) {
                          std::to_string(grp) + " queries " + std::to_string(nq) + (integer ? " integer" : " float"));
             std::vector<float> b(n_(tab)), params(n_(2 * n)), bias(n_(nq)), w(n_(nq));
             std::vector<half_bits> x(n_(n * grp));
-            for (auto& v : b) v = g(rng);
+            for (auto& v : b) v = half_to_float(float_to_half(g(rng)));  // binary16, as a block's mins
             for (auto& v : x) v = float_to_half(g(rng));
             for (auto& v : params) v = g(rng);
             for (auto& v : bias) v = g(rng);
@@ -383,29 +383,38 @@ TEST(HexKernels, FusedRunKernelsMatchReference) {
             std::vector<std::int32_t> idx(n_(grp * is), -1);
             for (i64 t = 0; t < tokens; ++t)
               for (i64 e = 0; e < grp; ++e) idx[n_(e * is + t)] = static_cast<std::int32_t>(rng() % n_(tab));
-            key_run_scores(b.data(), tab, idx.data(), is, x.data(), kept.empty() ? nullptr : kept.data(), nk, tokens,
-                           grp, nq, bias.data(), w.data(), integer ? qi.data() : nullptr, integer ? nullptr : qf.data(),
-                           cs, a.data(), as, out.data(), os);
-            for (i64 j = 0; j < nq; ++j)
-              for (i64 t = 0; t < os; ++t) {
-                const float got = out[n_(j * os + t)];
-                const i64 r = t < tokens ? row_of[n_(t)] : -1;
-                if (r < 0) {
-                  ASSERT_EQ(got, -7.0f) << "query " << j << ": kept or past the block at " << t;
-                  continue;
+            // Without and with the 16-bit indices (the mins then looked up as
+            // halves on AVX-512): the same results.
+            std::vector<std::uint16_t> idx16;
+            entry_channels16(idx.data(), is, tokens, grp, idx16);
+            for (const bool halves : {false, true}) {
+              SCOPED_TRACE(halves ? "16-bit indices" : "32-bit indices");
+              std::fill(out.begin(), out.end(), -7.0f);
+              key_run_scores(b.data(), tab, idx.data(), is, halves ? idx16.data() : nullptr, x.data(),
+                             kept.empty() ? nullptr : kept.data(), nk, tokens, grp, nq, bias.data(), w.data(),
+                             integer ? qi.data() : nullptr, integer ? nullptr : qf.data(), cs, a.data(), as, out.data(),
+                             os);
+              for (i64 j = 0; j < nq; ++j)
+                for (i64 t = 0; t < os; ++t) {
+                  const float got = out[n_(j * os + t)];
+                  const i64 r = t < tokens ? row_of[n_(t)] : -1;
+                  if (r < 0) {
+                    ASSERT_EQ(got, -7.0f) << "query " << j << ": kept or past the block at " << t;
+                    continue;
+                  }
+                  const double code = integer ? static_cast<double>(w[n_(j)]) * qi[n_(j * cs + r)] : qf[n_(j * cs + r)];
+                  double want = bias[n_(j)] + code, mag = std::fabs(bias[n_(j)]) + std::fabs(code);
+                  for (i64 e = 0; e < grp; ++e) {
+                    const double v =
+                        static_cast<double>(a[n_((j * grp + e) * as + t)]) *
+                        (static_cast<double>(half_to_float(x[n_(r * grp + e)])) - b[n_(idx[n_(e * is + t)])]);
+                    want += v;
+                    mag += 2 * std::fabs(v);
+                  }
+                  ASSERT_NEAR(got, want, 1.2e-7 * static_cast<double>(2 * grp + 4) * mag)
+                      << "query " << j << " token " << t;
                 }
-                const double code = integer ? static_cast<double>(w[n_(j)]) * qi[n_(j * cs + r)] : qf[n_(j * cs + r)];
-                double want = bias[n_(j)] + code, mag = std::fabs(bias[n_(j)]) + std::fabs(code);
-                for (i64 e = 0; e < grp; ++e) {
-                  const double v =
-                      static_cast<double>(a[n_((j * grp + e) * as + t)]) *
-                      (static_cast<double>(half_to_float(x[n_(r * grp + e)])) - b[n_(idx[n_(e * is + t)])]);
-                  want += v;
-                  mag += 2 * std::fabs(v);
-                }
-                ASSERT_NEAR(got, want, 1.2e-7 * static_cast<double>(2 * grp + 4) * mag)
-                    << "query " << j << " token " << t;
-              }
+            }
             // Value side: per token ps, ys, per quantized row pa.
             const i64 ps = tokens + 1, pa = n + 2, ys = tokens + 4;
             std::vector<float> p(n_(nq * ps)), av(n_(nq * pa), -7.0f), y(n_(nq * grp * ys)), base(n_(nq));

@@ -259,6 +259,7 @@ const float* KeyEntries::prepare(const std::int32_t* m, std::int64_t deg, std::i
     // Written in order (entry-major: each entry's tokens in a row).
     for (std::int64_t e = 0; e < d1; ++e)
       for (std::int64_t t = 0; t < rows; ++t) idx[static_cast<std::size_t>(e * rows + t)] = m[t * d1 + e];
+    entry_channels16(idx.data(), rows, rows, d1, idx16);
     entry_query_weights(q, nq, q_stride, dim, scale, idx.data(), d1 * rows, qk.data());
   }
   return qk.data();
@@ -386,8 +387,8 @@ void detail::block_scores(const HexBlockView& b, const float* q, std::int64_t nq
   if (qk && d1 <= kFusedEntries) {
     // The quantized tokens in one fused pass (bias, code part, entries);
     // the kept tokens' scores are written below.
-    key_run_scores(kmin, d, ke.idx.data(), ke.rows, b.k_sparse, b.kept_index, b.kept_rows, b.tokens, d1, nq, bias, ws,
-                   qi, qi ? nullptr : qs, nqr, qk, ke.rows, scores, s_stride);
+    key_run_scores(kmin, d, ke.idx.data(), ke.rows, ke.idx16.data(), b.k_sparse, b.kept_index, b.kept_rows, b.tokens,
+                   d1, nq, bias, ws, qi, qi ? nullptr : qs, nqr, qk, ke.rows, scores, s_stride);
   } else {
     for (std::int64_t j = 0; j < nq; ++j) {
       float* sj = scores + j * s_stride;

@@ -34,7 +34,8 @@ struct KeyEntries {
   const float* q = nullptr;
   std::int64_t rows = 0, d1 = 0, nq = 0, stride = 0;
   std::vector<float> qk;
-  std::vector<std::int32_t> idx;  // idx[e * rows + t] = c(t, e): the mask entry-major
+  std::vector<std::int32_t> idx;     // idx[e * rows + t] = c(t, e): the mask entry-major
+  std::vector<std::uint16_t> idx16;  // the same per vector of 16 tokens (entry_channels16)
   // Makes qk and idx valid for `tokens` rows of `mask` (refills on any
   // change), for queries of dim floats.
   const float* prepare(const std::int32_t* m, std::int64_t d1, std::int64_t tokens, const float* q, std::int64_t nq,

@@ -97,6 +97,32 @@ struct Table128 {
     }
   }
 };
+// The same table as binary16 in four registers, for the key side's mins
+// (binary16 values): 32 lanes of 16-bit indices at a time, VPERMT2W on
+// index bits 0-5 in either pair and one blend on bit 6 (four operations
+// for 32 lanes, against Table128's eighteen), the halves then widened with
+// the entries' own conversions.
+struct HalfTable128 {
+  __m512i t[4];
+  HalfTable128(const float* table, std::int64_t n) {
+    for (std::int64_t k = 0; k < 4; ++k) {
+      __m256i h[2];
+      for (std::int64_t i = 0; i < 2; ++i) {
+        const std::int64_t left = std::clamp<std::int64_t>(n - 32 * k - 16 * i, 0, 16);
+        const __m512 f = left > 0
+                             ? _mm512_maskz_loadu_ps(static_cast<__mmask16>((1u << left) - 1u), table + 32 * k + 16 * i)
+                             : _mm512_setzero_ps();
+        h[i] = _mm512_cvtps_ph(f, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);  // exact: binary16 values
+      }
+      t[k] = _mm512_inserti64x4(_mm512_castsi256_si512(h[0]), h[1], 1);
+    }
+  }
+  HWY_INLINE __m512i operator()(__m512i idx) const {
+    const __m512i lo = _mm512_permutex2var_epi16(t[0], idx, t[1]);
+    const __m512i hi = _mm512_permutex2var_epi16(t[2], idx, t[3]);
+    return _mm512_mask_blend_epi16(_mm512_test_epi16_mask(idx, _mm512_set1_epi16(64)), lo, hi);
+  }
+};
 #else
 #define KVCAL_TABLE128 0
 #endif
@@ -476,11 +502,12 @@ HWY_INLINE void ExpandedVectors(const half_bits* HWY_RESTRICT x, const std::uint
 // 1 / 4, ns: a call per run 150 / 260, runs walked here 121 / 238, whole
 // vectors across the kept tokens on AVX-512 (ExpandedVectors) 104 / 203).
 HWY_FLATTEN void KeyRunScores(const float* HWY_RESTRICT b, std::int64_t b_size, const std::int32_t* HWY_RESTRICT idx,
-                              std::int64_t is, const half_bits* HWY_RESTRICT x, const std::uint16_t* HWY_RESTRICT kept,
-                              std::int64_t nk, std::int64_t tokens, std::int64_t g, std::int64_t nq,
-                              const float* HWY_RESTRICT bias, const float* HWY_RESTRICT w,
-                              const std::int32_t* HWY_RESTRICT qi, const float* HWY_RESTRICT qf, std::int64_t cs,
-                              const float* HWY_RESTRICT a, std::int64_t as, float* HWY_RESTRICT out, std::int64_t os) {
+                              std::int64_t is, const std::uint16_t* HWY_RESTRICT idx16, const half_bits* HWY_RESTRICT x,
+                              const std::uint16_t* HWY_RESTRICT kept, std::int64_t nk, std::int64_t tokens,
+                              std::int64_t g, std::int64_t nq, const float* HWY_RESTRICT bias,
+                              const float* HWY_RESTRICT w, const std::int32_t* HWY_RESTRICT qi,
+                              const float* HWY_RESTRICT qf, std::int64_t cs, const float* HWY_RESTRICT a,
+                              std::int64_t as, float* HWY_RESTRICT out, std::int64_t os) {
   // Tokens [t0 + from, t0 + n) of the run at t0 (quantized row qr0), one by one.
   const auto scalar = [&](std::int64_t t0, std::int64_t n, std::int64_t qr0, std::int64_t from) {
     for (std::int64_t j = 0; j < nq; ++j)
@@ -549,13 +576,32 @@ HWY_FLATTEN void KeyRunScores(const float* HWY_RESTRICT b, std::int64_t b_size, 
               _mm512_mask_storeu_ps(out + j * os + t, m, s.raw);
             }
           };
-          EntryPairs<kG>(lo, hi, [&](auto... xv) KVCAL_ENTRY_INLINE {
-            [&]<std::size_t... kE>(std::index_sequence<kE...>) KVCAL_ENTRY_INLINE {
-              queries(hn::Sub(xv, lookup(d, hn::Vec<hn::RebindToSigned<DF>>{_mm512_maskz_loadu_epi32(
-                                                m, idx + static_cast<std::int64_t>(kE) * is + t)}))...);
-            }
-            (std::make_index_sequence<kG>());
-          });
+          if constexpr (std::is_same_v<std::decay_t<decltype(lookup)>, HalfTable128>) {
+            // The mins of the vector's entries as halves, by entry pair
+            // (idx16: entries 2p and 2p + 1 of the 16 tokens in one register).
+            const auto pair = [&](int p) {
+              return lookup(_mm512_loadu_si512(idx16 + t * kG + 32 * static_cast<std::int64_t>(p)));
+            };
+            EntryPairs<kG>(lo, hi, [&](auto... xv) KVCAL_ENTRY_INLINE {
+              const __m512i m0 = pair(0), m1 = kG == 4 ? pair(1) : m0;
+              const hn::Vec<DF> mins[4] = {hn::Vec<DF>{_mm512_cvtph_ps(_mm512_castsi512_si256(m0))},
+                                           hn::Vec<DF>{_mm512_cvtph_ps(_mm512_extracti64x4_epi64(m0, 1))},
+                                           hn::Vec<DF>{_mm512_cvtph_ps(_mm512_castsi512_si256(m1))},
+                                           hn::Vec<DF>{_mm512_cvtph_ps(_mm512_extracti64x4_epi64(m1, 1))}};
+              [&]<std::size_t... kE>(std::index_sequence<kE...>) KVCAL_ENTRY_INLINE {
+                queries(hn::Sub(xv, mins[kE])...);
+              }
+              (std::make_index_sequence<kG>());
+            });
+          } else {
+            EntryPairs<kG>(lo, hi, [&](auto... xv) KVCAL_ENTRY_INLINE {
+              [&]<std::size_t... kE>(std::index_sequence<kE...>) KVCAL_ENTRY_INLINE {
+                queries(hn::Sub(xv, lookup(d, hn::Vec<hn::RebindToSigned<DF>>{_mm512_maskz_loadu_epi32(
+                                                  m, idx + static_cast<std::int64_t>(kE) * is + t)}))...);
+              }
+              (std::make_index_sequence<kG>());
+            });
+          }
         });
   };
 #endif
@@ -565,6 +611,7 @@ HWY_FLATTEN void KeyRunScores(const float* HWY_RESTRICT b, std::int64_t b_size, 
     // The runs (block) instantiated only where the expanded path does not
     // take the block.
     if constexpr (decltype(kg)::value == 2 || decltype(kg)::value == 4) {
+      if (b_size <= 128 && idx16) return expanded(kg, HalfTable128(b, b_size));
       if (b_size <= 128) return expanded(kg, Table128(b, b_size));
       return expanded(kg, Gather{b});
     } else {
@@ -577,6 +624,7 @@ HWY_FLATTEN void KeyRunScores(const float* HWY_RESTRICT b, std::int64_t b_size, 
   });
 #endif
   (void)b_size;
+  (void)idx16;
   if (!vectors)
     Runs(kept, nk, tokens, [&](std::int64_t t0, std::int64_t n, std::int64_t qr0) { scalar(t0, n, qr0, 0); });
 }
@@ -761,13 +809,23 @@ float value_weights(const float* params, const float* p, std::int64_t n, float* 
   return HWY_DYNAMIC_DISPATCH(ValueWeights)(params, p, n, a);
 }
 void key_run_scores(const float* b, std::int64_t b_size, const std::int32_t* idx, std::int64_t idx_stride,
-                    const half_bits* x, const std::uint16_t* kept, std::int64_t kept_rows, std::int64_t tokens,
-                    std::int64_t g, std::int64_t nq, const float* bias, const float* w, const std::int32_t* qi,
-                    const float* qf, std::int64_t code_stride, const float* a, std::int64_t a_stride, float* out,
-                    std::int64_t out_stride) {
+                    const std::uint16_t* idx16, const half_bits* x, const std::uint16_t* kept, std::int64_t kept_rows,
+                    std::int64_t tokens, std::int64_t g, std::int64_t nq, const float* bias, const float* w,
+                    const std::int32_t* qi, const float* qf, std::int64_t code_stride, const float* a,
+                    std::int64_t a_stride, float* out, std::int64_t out_stride) {
   HWY_DYNAMIC_DISPATCH(KeyRunScores)
-  (b, b_size, idx, idx_stride, x, kept, kept_rows, tokens, g, nq, bias, w, qi, qf, code_stride, a, a_stride, out,
+  (b, b_size, idx, idx_stride, idx16, x, kept, kept_rows, tokens, g, nq, bias, w, qi, qf, code_stride, a, a_stride, out,
    out_stride);
+}
+void entry_channels16(const std::int32_t* idx, std::int64_t idx_stride, std::int64_t tokens, std::int64_t g,
+                      std::vector<std::uint16_t>& out) {
+  const std::int64_t vectors = (tokens + 15) / 16;
+  out.assign(static_cast<std::size_t>(vectors * g * 16), 0);
+  for (std::int64_t v = 0; v < vectors; ++v)
+    for (std::int64_t e = 0; e < g; ++e)
+      for (std::int64_t k = 0; k < 16 && 16 * v + k < tokens; ++k)
+        out[static_cast<std::size_t>((v * g + e) * 16 + k)] =
+            static_cast<std::uint16_t>(idx[e * idx_stride + 16 * v + k]);
 }
 void entry_query_weights(const float* q, std::int64_t nq, std::int64_t q_stride, std::int64_t dim, float scale,
                          const std::int32_t* idx, std::int64_t n, float* out) {

@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <vector>
 
 #include "kvcal/runtime/common.h"
 
@@ -56,11 +57,19 @@ constexpr std::int64_t kFusedEntries = 4;
 // code_j(r) = w[j] * qi[j * code_stride + r] where qi is not null, else
 // qf[j * code_stride + r]; the products added in entry order. The mask
 // indices entry-major (as KeyEntries keeps them, once for all blocks).
+// idx16, if not null, holds the same indices as entry_channels16 lays them
+// out, and b then binary16 values (a block's key mins):
+// on AVX-512 the mins are then looked up as halves, 32 at a time.
 void key_run_scores(const float* b, std::int64_t b_size, const std::int32_t* idx, std::int64_t idx_stride,
-                    const half_bits* x, const std::uint16_t* kept, std::int64_t kept_rows, std::int64_t tokens,
-                    std::int64_t g, std::int64_t nq, const float* bias, const float* w, const std::int32_t* qi,
-                    const float* qf, std::int64_t code_stride, const float* a, std::int64_t a_stride, float* out,
-                    std::int64_t out_stride);
+                    const std::uint16_t* idx16, const half_bits* x, const std::uint16_t* kept, std::int64_t kept_rows,
+                    std::int64_t tokens, std::int64_t g, std::int64_t nq, const float* bias, const float* w,
+                    const std::int32_t* qi, const float* qf, std::int64_t code_stride, const float* a,
+                    std::int64_t a_stride, float* out, std::int64_t out_stride);
+// The mask indices idx (entry-major, idx_stride apart; below 65536) per
+// vector of 16 tokens: out[(v * g + e) * 16 + k] = idx[e * idx_stride + 16 v
+// + k] for tokens 16 v + k < tokens, 0 past them.
+void entry_channels16(const std::int32_t* idx, std::int64_t idx_stride, std::int64_t tokens, std::int64_t g,
+                      std::vector<std::uint16_t>& out);
 // The most queries value_run_weights takes in vectors (more take its scalar
 // loop: callers keep the separate kernels for them).
 constexpr std::int64_t kRunQueries = 16;
