@@ -1121,30 +1121,24 @@ HWY_INLINE void FlushLimbs(D32 d32, hn::Vec<D32> h, hn::Vec<D32> l, const std::i
   for (std::size_t x = 0; x < hn::Lanes(d32); ++x) acc[pm[x]] += lanes[x];
 }
 
-// Where the value kernels put their sums. IntSums adds them to int32 rows
-// (code_accumulate_int: exact). ScaledSums adds ws[j] * sum to float rows
-// (code_accumulate_int_scaled): the decode then has no int32 rows to clear
-// before the kernel and no pass to scale them after it. Query(j) is query
-// j's rows; FlushLanes adds lane x at pm[x], FlushBlocks (AccumulateIntQ's
-// transposed layout, see FlushTransposed) lane e of 128-bit block k of
-// transposed vector m at 16 k + 4 m + e.
-struct IntSums {
-  std::int32_t* acc;
-  std::int64_t stride;
-  IntSums Query(std::int64_t j) const { return {acc + j * stride, stride}; }
-  template <int kL, class D32>
-  HWY_INLINE void FlushLanes(D32 d32, hn::Vec<D32> h, hn::Vec<D32> l, const std::int64_t* pm, std::int64_t j,
-                             std::int64_t at) const {
-    FlushLimbs<kL>(d32, h, l, pm, acc + j * stride + at);
+// Where the value kernels put their sums: int32 rows (acc, for
+// code_accumulate_int: exact) or, where fs is set, ws[j] * sum added to float
+// rows (fs, for code_accumulate_int_scaled: the decode then has no int32 rows
+// to clear before the kernel and no pass to scale them after it). One type
+// for both, the choice made per flush, outside the row loops: a sink type per
+// choice would instantiate every kernel twice (AccumulateIntQ, the heaviest,
+// tripled this file's compile time so). Query(j) is query j's rows;
+// FlushLanes adds lane x at pm[x], FlushBlocks (AccumulateIntQ's transposed
+// layout, see FlushTransposed) lane e of 128-bit block k of transposed vector
+// m at 16 k + 4 m + e.
+struct Sums {
+  std::int32_t* acc;     // int32 rows, or null
+  float* fs;             // float rows, or null
+  const float* ws;       // the scales of fs's rows, one per query
+  std::int64_t stride;   // between queries' rows
+  Sums Query(std::int64_t j) const {
+    return fs ? Sums{nullptr, fs + j * stride, ws + j, stride} : Sums{acc + j * stride, nullptr, nullptr, stride};
   }
-  template <int kL, class D32>
-  HWY_INLINE void FlushBlocks(D32 d32, hn::Vec<D32> h, hn::Vec<D32> l, int m, std::int64_t j, std::int64_t at) const;
-};
-struct ScaledSums {
-  float* acc;
-  std::int64_t stride;
-  const float* ws;
-  ScaledSums Query(std::int64_t j) const { return {acc + j * stride, stride, ws + j}; }
   // The merged limbs times ws[j], as floats.
   template <int kL, class D32>
   HWY_INLINE void Scaled(D32 /*d32*/, hn::Vec<D32> h, hn::Vec<D32> l, std::int64_t j, float* lanes) const {
@@ -1154,9 +1148,10 @@ struct ScaledSums {
   template <int kL, class D32>
   HWY_INLINE void FlushLanes(D32 d32, hn::Vec<D32> h, hn::Vec<D32> l, const std::int64_t* pm, std::int64_t j,
                              std::int64_t at) const {
+    if (!fs) return FlushLimbs<kL>(d32, h, l, pm, acc + j * stride + at);
     HWY_ALIGN float lanes[hn::MaxLanes(d32)];
     Scaled<kL>(d32, h, l, j, lanes);
-    float* a = acc + j * stride + at;
+    float* a = fs + j * stride + at;
     for (std::size_t x = 0; x < hn::Lanes(d32); ++x) a[pm[x]] += lanes[x];
   }
   template <int kL, class D32>
@@ -1169,9 +1164,9 @@ struct ScaledSums {
 // sanitizer builds run on fixed-size targets: AccumulateIntQ's unrolled
 // arrays of vectors, instrumented, take the compiler tens of minutes (see
 // KVCAL_ROW_KERNELS; valgrind checks that kernel in the Release build).
-template <int kPer, int kM, int kL, class D8, class Out>
+template <int kPer, int kM, int kL, class D8>
 void AccumulateInt(D8 d8, const std::uint8_t* codes, std::int64_t rows, std::int64_t row_bytes, std::int64_t run,
-                   const std::int8_t* w8, std::int64_t limb_stride, const Out& out) {
+                   const std::int8_t* w8, std::int64_t limb_stride, const Sums& out) {
   constexpr int kBits = 8 / kPer;
   const hn::Repartition<std::int32_t, D8> d32;
   const auto N = static_cast<std::int64_t>(hn::Lanes(d8));
@@ -1235,18 +1230,14 @@ HWY_INLINE void FlushTransposed(D32 d32, hn::Vec<D32> h, hn::Vec<D32> l, int m, 
   }
 }
 template <int kL, class D32>
-HWY_INLINE void IntSums::FlushBlocks(D32 d32, hn::Vec<D32> h, hn::Vec<D32> l, int m, std::int64_t j,
-                                     std::int64_t at) const {
-  FlushTransposed<kL>(d32, h, l, m, acc + j * stride + at);
-}
-template <int kL, class D32>
-HWY_INLINE void ScaledSums::FlushBlocks(D32 d32, hn::Vec<D32> h, hn::Vec<D32> l, int m, std::int64_t j,
-                                        std::int64_t at) const {
+HWY_INLINE void Sums::FlushBlocks(D32 d32, hn::Vec<D32> h, hn::Vec<D32> l, int m, std::int64_t j,
+                                  std::int64_t at) const {
+  if (!fs) return FlushTransposed<kL>(d32, h, l, m, acc + j * stride + at);
   HWY_ALIGN float lanes[hn::MaxLanes(d32)];
   Scaled<kL>(d32, h, l, j, lanes);
   const hn::FixedTag<float, 4> d4;
   for (std::size_t k = 0; k < hn::Lanes(d32) / 4; ++k) {
-    float* a = acc + j * stride + 16 * k + 4 * static_cast<std::size_t>(m) + at;
+    float* a = fs + j * stride + 16 * k + 4 * static_cast<std::size_t>(m) + at;
     hn::StoreU(hn::Add(hn::LoadU(d4, a), hn::Load(d4, lanes + 4 * k)), d4, a);
   }
 }
@@ -1257,10 +1248,10 @@ HWY_INLINE void ScaledSums::FlushBlocks(D32 d32, hn::Vec<D32> h, hn::Vec<D32> l,
 // limb_stride after their hi limbs. 3-bit rows (kBits = 3) are read in place
 // (IntBytes) but for the last group of four rows, which holds the block's
 // last row: those rows are widened to 4-bit rows first (4 run <= kIntWide3Bytes).
-template <int kBits, int kQ, int kL, class D8, class Out>
+template <int kBits, int kQ, int kL, class D8>
 KVCAL_FLATTEN void AccumulateIntQ(D8 d8, const std::uint8_t* codes, std::int64_t rows, std::int64_t row_bytes,
                                   std::int64_t run, const std::int8_t* w8, std::int64_t limb_stride,
-                                  std::int64_t w8_stride, const Out& out) {
+                                  std::int64_t w8_stride, const Sums& out) {
   constexpr int kPer = IntPhases(kBits), kX = kQ * kPer;
   constexpr int kFit = kAccVectors / (kL * kX);
   constexpr int kM = kFit >= 4 ? 4 : kFit >= 2 ? 2 : 1;
@@ -1382,10 +1373,10 @@ KVCAL_FLATTEN void AccumulateIntQ(D8 d8, const std::uint8_t* codes, std::int64_t
 }
 #endif
 
-template <int kL, class D8, class Out>
+template <int kL, class D8>
 void AccumulateIntPer(D8 d8, int bits, const std::uint8_t* codes, std::int64_t rows, std::int64_t row_bytes,
                       std::int64_t run, const std::int8_t* w8, std::int64_t limb_stride, std::int64_t nq,
-                      std::int64_t w8_stride, const Out& out) {
+                      std::int64_t w8_stride, const Sums& out) {
   if (bits == 3) {
 #if !HWY_HAVE_SCALABLE && KVCAL_ROW_KERNELS
     if constexpr (Fused3<kL>()) {
@@ -1434,7 +1425,7 @@ void AccumulateIntPer(D8 d8, int bits, const std::uint8_t* codes, std::int64_t r
     constexpr int kG = std::max(1, kAccVectors / (kL * IntPhases(kBits)));
     for (std::int64_t j = 0; j < nq; j += kG) {
       const std::int8_t* wj = w8 + j * w8_stride;
-      const Out aj = out.Query(j);
+      const Sums aj = out.Query(j);
       const std::int64_t g = std::min<std::int64_t>(kG, nq - j);
       Unroll<kG>([&](auto q) {
         if (q + 1 == g)
@@ -1456,7 +1447,7 @@ void CodeAccumulateInt(const std::uint8_t* codes, std::int64_t rows, std::int64_
 #if HWY_TARGET != HWY_SCALAR
   if (WithIntKernel(bits, dim, limbs, [&](auto d8, auto kl, std::int64_t run) {
         AccumulateIntPer<decltype(kl)::value>(d8, bits, codes, rows, row_bytes, run, w8, rows, nq, w8_stride,
-                                              IntSums{acc, acc_stride});
+                                              Sums{acc, nullptr, nullptr, acc_stride});
       }))
     return;
 #endif
@@ -1471,7 +1462,7 @@ void CodeAccumulateIntScaled(const std::uint8_t* codes, std::int64_t rows, std::
 #if HWY_TARGET != HWY_SCALAR
   if (WithIntKernel(bits, dim, limbs, [&](auto d8, auto kl, std::int64_t run) {
         AccumulateIntPer<decltype(kl)::value>(d8, bits, codes, rows, row_bytes, run, w8, rows, nq, w8_stride,
-                                              ScaledSums{acc, acc_stride, ws});
+                                              Sums{nullptr, acc, ws, acc_stride});
       }))
     return;
 #endif
