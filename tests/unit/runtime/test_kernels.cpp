@@ -529,10 +529,11 @@ TEST(HexKernels, HalfRowsAndDenseLoopsMatchReference) {
     std::mt19937_64 rng(0x68616c66);
     std::normal_distribution<float> g(0.0f, 1.0f);
     // Query counts that split into groups of 4 with different rows per step,
-    // row counts with remainders after those steps, widths with tails.
+    // row counts with remainders after those steps (and fewer rows than a
+    // step: a block's kept tokens), widths with tails.
     for (const i64 dim : {1, 5, 16, 31, 128, 133, 200})
       for (const i64 nq : {1, 3, 4, 5})
-        for (const i64 rows : {9, 33}) {
+        for (const i64 rows : {1, 2, 3, 9, 33}) {
           SCOPED_TRACE("dim " + std::to_string(dim) + " nq " + std::to_string(nq) + " rows " + std::to_string(rows));
           const i64 ks = dim + 1;
           std::vector<std::uint16_t> k(static_cast<std::size_t>(rows * ks));
