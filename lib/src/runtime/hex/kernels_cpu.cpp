@@ -1132,10 +1132,10 @@ HWY_INLINE void FlushLimbs(D32 d32, hn::Vec<D32> h, hn::Vec<D32> l, const std::i
 // layout, see FlushTransposed) lane e of 128-bit block k of transposed vector
 // m at 16 k + 4 m + e.
 struct Sums {
-  std::int32_t* acc;     // int32 rows, or null
-  float* fs;             // float rows, or null
-  const float* ws;       // the scales of fs's rows, one per query
-  std::int64_t stride;   // between queries' rows
+  std::int32_t* acc;    // int32 rows, or null
+  float* fs;            // float rows, or null
+  const float* ws;      // the scales of fs's rows, one per query
+  std::int64_t stride;  // between queries' rows
   Sums Query(std::int64_t j) const {
     return fs ? Sums{nullptr, fs + j * stride, ws + j, stride} : Sums{acc + j * stride, nullptr, nullptr, stride};
   }
