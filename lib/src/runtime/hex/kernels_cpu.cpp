@@ -1439,16 +1439,24 @@ void AccumulateIntPer(D8 d8, int bits, const std::uint8_t* codes, std::int64_t r
     groups(std::integral_constant<int, 4>());
 #endif
 }
+
+// The value kernels into out where they take the layout (WithIntKernel);
+// false where the caller runs the reference instead.
+bool AccumulateIntKernel(const std::uint8_t* codes, std::int64_t rows, std::int64_t row_bytes, int bits,
+                         std::int64_t dim, int limbs, const std::int8_t* w8, std::int64_t nq, std::int64_t w8_stride,
+                         const Sums& out) {
+  return WithIntKernel(bits, dim, limbs, [&](auto d8, auto kl, std::int64_t run) {
+    AccumulateIntPer<decltype(kl)::value>(d8, bits, codes, rows, row_bytes, run, w8, rows, nq, w8_stride, out);
+  });
+}
 #endif  // HWY_TARGET != HWY_SCALAR
 
 void CodeAccumulateInt(const std::uint8_t* codes, std::int64_t rows, std::int64_t row_bytes, int bits, std::int64_t dim,
                        int limbs, const std::int8_t* w8, std::int64_t nq, std::int64_t w8_stride, std::int32_t* acc,
                        std::int64_t acc_stride) {
 #if HWY_TARGET != HWY_SCALAR
-  if (WithIntKernel(bits, dim, limbs, [&](auto d8, auto kl, std::int64_t run) {
-        AccumulateIntPer<decltype(kl)::value>(d8, bits, codes, rows, row_bytes, run, w8, rows, nq, w8_stride,
-                                              Sums{acc, nullptr, nullptr, acc_stride});
-      }))
+  if (AccumulateIntKernel(codes, rows, row_bytes, bits, dim, limbs, w8, nq, w8_stride,
+                          Sums{acc, nullptr, nullptr, acc_stride}))
     return;
 #endif
   code_accumulate_int_reference(codes, rows, row_bytes, bits, dim, limbs, w8, nq, w8_stride, acc, acc_stride);
@@ -1460,10 +1468,8 @@ void CodeAccumulateIntScaled(const std::uint8_t* codes, std::int64_t rows, std::
                              std::int64_t w8_stride, const float* ws, float* acc, std::int64_t acc_stride,
                              std::int32_t* scratch) {
 #if HWY_TARGET != HWY_SCALAR
-  if (WithIntKernel(bits, dim, limbs, [&](auto d8, auto kl, std::int64_t run) {
-        AccumulateIntPer<decltype(kl)::value>(d8, bits, codes, rows, row_bytes, run, w8, rows, nq, w8_stride,
-                                              Sums{nullptr, acc, ws, acc_stride});
-      }))
+  if (AccumulateIntKernel(codes, rows, row_bytes, bits, dim, limbs, w8, nq, w8_stride,
+                          Sums{nullptr, acc, ws, acc_stride}))
     return;
 #endif
   std::fill(scratch, scratch + nq * dim, 0);
