@@ -132,6 +132,8 @@ KVCAL_FLATTEN std::int64_t ScoresIntRows(D8 d8, const std::uint8_t* codes, std::
         const std::int8_t* wi = kQ > 1 ? Launder(wp + i * kL * kQ * kPer) : wp + i * kL * kQ * kPer;
         const std::uint8_t* row = codes + (r + rr) * row_bytes;
         if (i == 0) __builtin_prefetch(row + kPrefetchRows * row_bytes, 0, 3);  // past the end is harmless
+        if constexpr (decltype(rr)::value == 0)  // once per step, for its rows' lines
+          if (i == 0) PrefetchFar<kBits>(row, kR * row_bytes);
         const auto b = IntBytes<kBits>(d8, row + IntOffset<kBits>(i), g3);
         hn::Vec<D8> ph[kPer];
         Unroll<kPer>([&](auto k) KVCAL_INLINE_LAMBDA { ph[k] = PhaseBytes<kBits, k>(d8, b); });
@@ -244,6 +246,7 @@ KVCAL_FLATTEN std::int64_t ScoresIntT4(D8 d8, const std::uint8_t* codes, std::in
     const std::uint8_t* stored = codes + r * row_bytes;
     for (int k = 0; k < 4; ++k)  // past the end is harmless
       __builtin_prefetch(stored + (kT4Ahead + k) * row_bytes, 0, 3);
+    PrefetchFar<kBits>(stored, 4 * row_bytes);
     for (std::int64_t i = 0; i < run; i += N) {
       const std::int8_t* wi = Launder(wp + i * 4 * kL * kA);
       const std::uint8_t* at = row + IntOffset<kB>(i);
