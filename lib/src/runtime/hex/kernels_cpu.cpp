@@ -1337,7 +1337,7 @@ KVCAL_FLATTEN void AccumulateIntQ(D8 d8, const std::uint8_t* codes, std::int64_t
         const std::int64_t r1 = std::min(rows, r0 + span);
         std::int64_t r = r0;
         for (; r + 4 <= std::min(r1, direct); r += 4) {  // whole groups: no padding, four weights in one load
-          if (m0 == 0) {  // the first pass streams the rows in; past the end is harmless
+          if (m0 == 0) {                                 // the first pass streams the rows in; past the end is harmless
             for (int k = 0; k < 4; ++k) __builtin_prefetch(codes + (r + k + kAhead) * row_bytes + at, 0, 3);
             if (i == 0) PrefetchFar<kBits>(codes + r * row_bytes, 4 * row_bytes);
           }

@@ -132,7 +132,8 @@ KVCAL_FLATTEN std::int64_t ScoresIntRows(D8 d8, const std::uint8_t* codes, std::
         const std::int8_t* wi = kQ > 1 ? Launder(wp + i * kL * kQ * kPer) : wp + i * kL * kQ * kPer;
         const std::uint8_t* row = codes + (r + rr) * row_bytes;
         if (i == 0) __builtin_prefetch(row + kPrefetchRows * row_bytes, 0, 3);  // past the end is harmless
-        if constexpr (decltype(rr)::value == 0)  // once per step, for its rows' lines
+        // Once per step, for the lines of its rows.
+        if constexpr (decltype(rr)::value == 0)
           if (i == 0) PrefetchFar<kBits>(row, kR * row_bytes);
         const auto b = IntBytes<kBits>(d8, row + IntOffset<kBits>(i), g3);
         hn::Vec<D8> ph[kPer];
