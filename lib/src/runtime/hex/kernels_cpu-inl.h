@@ -62,13 +62,13 @@ using DH = hn::Rebind<hwy::float16_t, DF>;
 constexpr std::int64_t kPrefetchRows = 48;
 // The integer code kernels (code_scores_int, code_accumulate_int) also
 // request the lines kFarBytes ahead of the rows they read, with the hint for
-// the outer caches (PREFETCHT2): at their speed, the near requests above, 3
-// KiB ahead, come too late for lines still in memory, and requesting 128
-// rows ahead into L1 instead made them slower. On the 2-vCPU Zen 4 guest,
-// decode over 32K tokens with one thread: hex4@int8 7-12% less time with a
-// group of 1 and 10-16% less with a group of 4, kcvt4@int8 9-17% less (16
-// KiB ahead: about the same). Not for 2-bit rows: 5-11% more time with one
-// query, nothing gained with four.
+// the outer caches (PREFETCHT2): at their speed, their near requests (48 to
+// 96 rows, 3-6 KiB of 4-bit codes) come too late for lines still in memory,
+// and requesting 128 to 256 rows ahead into L1 instead made them slower. On
+// the 2-vCPU Zen 4 guest, decode over 32K tokens with one thread: hex4@int8
+// 7-12% less time with a group of 1 and 10-16% less with a group of 4,
+// kcvt4@int8 9-17% less (16 KiB ahead: about the same). Not for 2-bit rows:
+// 5-11% more time with one query, nothing gained with four.
 constexpr std::int64_t kFarBytes = 8192;
 // Requests the lines of [p + kFarBytes, p + kFarBytes + n) for kBits-bit
 // rows, one request per line (past the end of the codes is harmless).
