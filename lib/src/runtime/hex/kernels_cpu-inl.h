@@ -71,7 +71,9 @@ constexpr std::int64_t kPrefetchRows = 48;
 // 5-11% more time with one query, nothing gained with four.
 constexpr std::int64_t kFarBytes = 8192;
 // Requests the lines of [p + kFarBytes, p + kFarBytes + n) for kBits-bit
-// rows, one request per line (past the end of the codes is harmless).
+// rows, one request per line (past the end of the codes is harmless). For
+// rows in memory only: 3-bit rows widened into a chunk get theirs from the
+// widening (see WidenedChunks3).
 template <int kBits>
 HWY_INLINE void PrefetchFar(const std::uint8_t* p, std::int64_t n) {
   if constexpr (kBits != 2)
@@ -326,7 +328,9 @@ inline constexpr Multishift3 kMultishift3{};
 #endif
 
 constexpr std::int64_t kWidenAhead = 4096;
-template <bool kPairs>
+// kFar: also the far requests (PrefetchFar) for the 3-bit rows, one per turn
+// (see WidenedChunks3).
+template <bool kPairs, bool kFar = false>
 void WidenCodes3(const std::uint8_t* src, std::int64_t n, std::uint8_t* dst) {
   std::int64_t g = 0;
 #if HWY_TARGET == HWY_AVX3_DL
@@ -344,6 +348,7 @@ void WidenCodes3(const std::uint8_t* src, std::int64_t n, std::uint8_t* dst) {
     for (; g < n; g += 16) {
       const std::int64_t k = std::min<std::int64_t>(16, n - g);
       __builtin_prefetch(src + 3 * g + kWidenAhead, 0, 3);  // past the end is harmless
+      if constexpr (kFar) __builtin_prefetch(src + 3 * g + kFarBytes, 0, 1);
       const __mmask64 in = k == 16 ? 0xffffffffffffull : (1ull << (3 * k)) - 1;
       const __mmask64 out = k == 16 ? ~0ull : (1ull << (4 * k)) - 1;
       const __m512i x = _mm512_permutexvar_epi32(vperm, _mm512_maskz_loadu_epi8(in, src + 3 * g));
@@ -365,6 +370,7 @@ void WidenCodes3(const std::uint8_t* src, std::int64_t n, std::uint8_t* dst) {
     // pass the end; the rest go one by one.
     for (; 3 * g + 4 * N <= 3 * n; g += N) {
       __builtin_prefetch(src + 3 * g + kWidenAhead, 0, 3);  // past the end is harmless
+      if constexpr (kFar) __builtin_prefetch(src + 3 * g + kFarBytes, 0, 1);
       const auto x = LoadGroups3(d, src + 3 * g, perm, shuffle);
       hn::StoreU(hn::BitCast(hn::Repartition<std::uint8_t, decltype(du)>(), kPairs ? Widen3ToPairs(x) : Widen3To4(x)),
                  hn::Repartition<std::uint8_t, decltype(du)>(), dst + 4 * g);
@@ -379,13 +385,13 @@ void WidenCodes3(const std::uint8_t* src, std::int64_t n, std::uint8_t* dst) {
 
 // The n 3-bit rows at codes (row_bytes apart, dim % 8 == 0) widened to rows
 // of dim / 2 bytes at out (see WidenCodes3): contiguous rows in one stream.
-template <bool kPairs>
+template <bool kPairs, bool kFar = false>
 void WidenRows3(const std::uint8_t* codes, std::int64_t n, std::int64_t row_bytes, std::int64_t dim,
                 std::uint8_t* out) {
   if (row_bytes == dim / 8 * 3) {
-    WidenCodes3<kPairs>(codes, n * (dim / 8), out);
+    WidenCodes3<kPairs, kFar>(codes, n * (dim / 8), out);
   } else {
-    for (std::int64_t k = 0; k < n; ++k) WidenCodes3<kPairs>(codes + k * row_bytes, dim / 8, out + k * (dim / 2));
+    for (std::int64_t k = 0; k < n; ++k) WidenCodes3<kPairs, kFar>(codes + k * row_bytes, dim / 8, out + k * (dim / 2));
   }
 }
 
@@ -394,13 +400,25 @@ void WidenRows3(const std::uint8_t* codes, std::int64_t n, std::int64_t row_byte
 // a chunk of them at a time in a per-thread buffer (dim / 2 <=
 // kIntWide3Bytes): how the integer kernels read 3-bit rows where they do not
 // read them in place.
-template <bool kPairs, class F>
+//
+// The kernels that read the chunks make no far requests (their argument far
+// = false: the chunk is in L1, and kFarBytes past it is not the rows'
+// memory); with kFar the widening makes them, for the stored rows. kFar
+// where the chunks are a whole block's rows, not where they are a block's
+// last rows after a kernel that read the others in place (that kernel made
+// the requests): on the 2-vCPU Zen 4 guest, decode over 32K tokens with one
+// thread and AVX2 forced, hex3@int8 at a group of 4 took 9-12% less time
+// and kcvt3@int8 12-14% less (AVX3 forced: 3% and 7-9%; a group of 1 moved
+// by no more than the rounds' spread). Far requests for the last rows as
+// well moved a group of 1 both ways: hex3@int8 2-6% slower (AVX2, AVX3 and
+// AVX3_DL), kcvt3@int8 3-8% faster (AVX2).
+template <bool kPairs, bool kFar = false, class F>
 void WidenedChunks3(const std::uint8_t* codes, std::int64_t rows, std::int64_t row_bytes, std::int64_t dim, F f) {
   alignas(64) static thread_local std::uint8_t wide[kIntWide3Bytes];
   const std::int64_t chunk = kIntWide3Bytes / (dim / 2);
   for (std::int64_t r0 = 0; r0 < rows; r0 += chunk) {
     const std::int64_t n = std::min(chunk, rows - r0);
-    WidenRows3<kPairs>(codes + r0 * row_bytes, n, row_bytes, dim, wide);
+    WidenRows3<kPairs, kFar>(codes + r0 * row_bytes, n, row_bytes, dim, wide);
     f(static_cast<const std::uint8_t*>(wide), n, r0);
   }
 }

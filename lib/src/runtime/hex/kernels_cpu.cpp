@@ -1248,10 +1248,12 @@ HWY_INLINE void Sums::FlushBlocks(D32 d32, hn::Vec<D32> h, hn::Vec<D32> l, int m
 // limb_stride after their hi limbs. 3-bit rows (kBits = 3) are read in place
 // (IntBytes) but for the last group of four rows, which holds the block's
 // last row: those rows are widened to 4-bit rows first (4 run <= kIntWide3Bytes).
+// far: the requests kFarBytes ahead (PrefetchFar); false for rows widened
+// into a chunk (see WidenedChunks3).
 template <int kBits, int kQ, int kL, class D8>
 KVCAL_FLATTEN void AccumulateIntQ(D8 d8, const std::uint8_t* codes, std::int64_t rows, std::int64_t row_bytes,
                                   std::int64_t run, const std::int8_t* w8, std::int64_t limb_stride,
-                                  std::int64_t w8_stride, const Sums& out) {
+                                  std::int64_t w8_stride, const Sums& out, bool far = true) {
   constexpr int kPer = IntPhases(kBits), kX = kQ * kPer;
   constexpr int kFit = kAccVectors / (kL * kX);
   constexpr int kM = kFit >= 4 ? 4 : kFit >= 2 ? 2 : 1;
@@ -1339,7 +1341,7 @@ KVCAL_FLATTEN void AccumulateIntQ(D8 d8, const std::uint8_t* codes, std::int64_t
         for (; r + 4 <= std::min(r1, direct); r += 4) {  // whole groups: no padding, four weights in one load
           if (m0 == 0) {                                 // the first pass streams the rows in; past the end is harmless
             for (int k = 0; k < 4; ++k) __builtin_prefetch(codes + (r + k + kAhead) * row_bytes + at, 0, 3);
-            if (i == 0) PrefetchFar<kBits>(codes + r * row_bytes, 4 * row_bytes);
+            if (far && i == 0) PrefetchFar<kBits>(codes + r * row_bytes, 4 * row_bytes);
           }
           group(
               codes + r * row_bytes + at, row_bytes,
@@ -1378,7 +1380,7 @@ KVCAL_FLATTEN void AccumulateIntQ(D8 d8, const std::uint8_t* codes, std::int64_t
 template <int kL, class D8>
 void AccumulateIntPer(D8 d8, int bits, const std::uint8_t* codes, std::int64_t rows, std::int64_t row_bytes,
                       std::int64_t run, const std::int8_t* w8, std::int64_t limb_stride, std::int64_t nq,
-                      std::int64_t w8_stride, const Sums& out) {
+                      std::int64_t w8_stride, const Sums& out, [[maybe_unused]] bool far = true) {
   if (bits == 3) {
 #if !HWY_HAVE_SCALABLE && KVCAL_ROW_KERNELS
     if constexpr (Fused3<kL>()) {
@@ -1397,20 +1399,20 @@ void AccumulateIntPer(D8 d8, int bits, const std::uint8_t* codes, std::int64_t r
           return;
         }
       }
-      WidenedChunks3<true>(
+      WidenedChunks3<true, true>(
           codes, rows, row_bytes, 2 * run, [&](const std::uint8_t* wide, std::int64_t n, std::int64_t r0) {
             InGroupsOf4(nq, [&](auto kq, std::int64_t j) {
               AccumulateIntQ<kWide3, decltype(kq)::value, kL>(d8, wide, n, run, run, w8 + j * w8_stride + r0,
-                                                              limb_stride, w8_stride, out.Query(j));
+                                                              limb_stride, w8_stride, out.Query(j), false);
             });
           });
       return;
     }
 #endif
-    WidenedChunks3<false>(codes, rows, row_bytes, 2 * run,
-                          [&](const std::uint8_t* wide, std::int64_t n, std::int64_t r0) {
-                            AccumulateIntPer<kL>(d8, 4, wide, n, run, run, w8 + r0, limb_stride, nq, w8_stride, out);
-                          });
+    WidenedChunks3<false, true>(
+        codes, rows, row_bytes, 2 * run, [&](const std::uint8_t* wide, std::int64_t n, std::int64_t r0) {
+          AccumulateIntPer<kL>(d8, 4, wide, n, run, run, w8 + r0, limb_stride, nq, w8_stride, out, false);
+        });
     return;
   }
 #if HWY_HAVE_SCALABLE || !KVCAL_ROW_KERNELS
@@ -1431,7 +1433,7 @@ void AccumulateIntPer(D8 d8, int bits, const std::uint8_t* codes, std::int64_t r
       const std::int64_t g = std::min<std::int64_t>(kG, nq - j);
       Unroll<kG>([&](auto q) {
         if (q + 1 == g)
-          AccumulateIntQ<kBits, q + 1, kL>(d8, codes, rows, row_bytes, run, wj, limb_stride, w8_stride, aj);
+          AccumulateIntQ<kBits, q + 1, kL>(d8, codes, rows, row_bytes, run, wj, limb_stride, w8_stride, aj, far);
       });
     }
   };

@@ -103,7 +103,8 @@ void ScoresInt(D8 d8, const std::uint8_t* codes, std::int64_t rows, std::int64_t
 template <int kBits, int kQ, int kL, int kR, bool kPairs, class D8>
 KVCAL_FLATTEN std::int64_t ScoresIntRows(D8 d8, const std::uint8_t* codes, std::int64_t rows, std::int64_t row_bytes,
                                          std::int64_t run, std::int64_t dim, const std::int8_t* w8,
-                                         std::int64_t w8_stride, std::int32_t* out, std::int64_t out_stride) {
+                                         std::int64_t w8_stride, std::int32_t* out, std::int64_t out_stride,
+                                         bool far = true) {
   constexpr int kPer = IntPhases(kBits), kA = kR * kQ;
   const hn::Repartition<std::int8_t, D8> di8;
   const hn::Repartition<std::int32_t, D8> d32;
@@ -134,7 +135,7 @@ KVCAL_FLATTEN std::int64_t ScoresIntRows(D8 d8, const std::uint8_t* codes, std::
         if (i == 0) __builtin_prefetch(row + kPrefetchRows * row_bytes, 0, 3);  // past the end is harmless
         // Once per step, for the lines of its rows.
         if constexpr (decltype(rr)::value == 0)
-          if (i == 0) PrefetchFar<kBits>(row, kR * row_bytes);
+          if (far && i == 0) PrefetchFar<kBits>(row, kR * row_bytes);
         const auto b = IntBytes<kBits>(d8, row + IntOffset<kBits>(i), g3);
         hn::Vec<D8> ph[kPer];
         Unroll<kPer>([&](auto k) KVCAL_INLINE_LAMBDA { ph[k] = PhaseBytes<kBits, k>(d8, b); });
@@ -203,7 +204,8 @@ KVCAL_FLATTEN std::int64_t ScoresIntRows(D8 d8, const std::uint8_t* codes, std::
 template <int kBits, int kQ, int kL, bool kPairs, class D8>
 KVCAL_FLATTEN std::int64_t ScoresIntT4(D8 d8, const std::uint8_t* codes, std::int64_t rows, std::int64_t row_bytes,
                                        std::int64_t run, std::int64_t dim, const std::int8_t* w8,
-                                       std::int64_t w8_stride, std::int32_t* out, std::int64_t out_stride) {
+                                       std::int64_t w8_stride, std::int32_t* out, std::int64_t out_stride,
+                                       bool far = true) {
   static_assert(kBits >= 2 && kBits <= 4, "stored 2-, 3- or 4-bit rows");
   constexpr int kPer = IntPhases(kBits), kA = kQ * kPer;
   const hn::Repartition<std::int8_t, D8> di8;
@@ -247,7 +249,7 @@ KVCAL_FLATTEN std::int64_t ScoresIntT4(D8 d8, const std::uint8_t* codes, std::in
     const std::uint8_t* stored = codes + r * row_bytes;
     for (int k = 0; k < 4; ++k)  // past the end is harmless
       __builtin_prefetch(stored + (kT4Ahead + k) * row_bytes, 0, 3);
-    PrefetchFar<kBits>(stored, 4 * row_bytes);
+    if (far) PrefetchFar<kBits>(stored, 4 * row_bytes);
     for (std::int64_t i = 0; i < run; i += N) {
       const std::int8_t* wi = Launder(wp + i * 4 * kL * kA);
       const std::uint8_t* at = row + IntOffset<kB>(i);
@@ -315,18 +317,21 @@ KVCAL_FLATTEN std::int64_t ScoresIntT4(D8 d8, const std::uint8_t* codes, std::in
 template <int kBits, int kQ, int kL, class D8>
 HWY_INLINE std::int64_t ScoresIntFour(D8 d8, const std::uint8_t* codes, std::int64_t rows, std::int64_t row_bytes,
                                       std::int64_t run, std::int64_t dim, const std::int8_t* w8, std::int64_t w8_stride,
-                                      std::int32_t* out, std::int64_t out_stride) {
+                                      std::int32_t* out, std::int64_t out_stride, bool far = true) {
   if (kPairTarget && 4 * run / static_cast<std::int64_t>(hn::Lanes(d8)) <= kPairSums)
-    return ScoresIntT4<kBits, kQ, kL, kPairTarget>(d8, codes, rows, row_bytes, run, dim, w8, w8_stride, out,
-                                                   out_stride);
-  return ScoresIntT4<kBits, kQ, kL, false>(d8, codes, rows, row_bytes, run, dim, w8, w8_stride, out, out_stride);
+    return ScoresIntT4<kBits, kQ, kL, kPairTarget>(d8, codes, rows, row_bytes, run, dim, w8, w8_stride, out, out_stride,
+                                                   far);
+  return ScoresIntT4<kBits, kQ, kL, false>(d8, codes, rows, row_bytes, run, dim, w8, w8_stride, out, out_stride, far);
 }
 #endif
 
+// The scores of nq queries, four at a time. far: the kernels' requests
+// kFarBytes ahead (PrefetchFar); false for rows widened into a chunk (see
+// WidenedChunks3).
 template <int kBits, int kL, class D8>
 void ScoresIntGroups(D8 d8, const std::uint8_t* codes, std::int64_t rows, std::int64_t row_bytes, std::int64_t run,
                      std::int64_t dim, const std::int8_t* w8, std::int64_t nq, std::int64_t w8_stride,
-                     std::int32_t* out, std::int64_t out_stride) {
+                     std::int32_t* out, std::int64_t out_stride, [[maybe_unused]] bool far = true) {
   for (std::int64_t j = 0; j < nq; j += 4) {
     const std::int8_t* wj = w8 + j * w8_stride;
     std::int32_t* oj = out + j * out_stride;
@@ -338,14 +343,16 @@ void ScoresIntGroups(D8 d8, const std::uint8_t* codes, std::int64_t rows, std::i
       const auto unrolled = [&](const std::uint8_t* c, std::int64_t n, std::int32_t* o, std::int64_t os) {
         // int16 pair sums where a row adds at most kPairSums of them per lane.
         if (kPairTarget && run / static_cast<std::int64_t>(hn::Lanes(d8)) * IntPhases(kBits) <= kPairSums)
-          return ScoresIntRows<kBits, kQ, kL, kR, kPairTarget>(d8, c, n, row_bytes, run, dim, wj, w8_stride, o, os);
-        return ScoresIntRows<kBits, kQ, kL, kR, false>(d8, c, n, row_bytes, run, dim, wj, w8_stride, o, os);
+          return ScoresIntRows<kBits, kQ, kL, kR, kPairTarget>(d8, c, n, row_bytes, run, dim, wj, w8_stride, o, os,
+                                                               far);
+        return ScoresIntRows<kBits, kQ, kL, kR, false>(d8, c, n, row_bytes, run, dim, wj, w8_stride, o, os, far);
       };
       // 4- and 2-bit rows on targets with 32 vector registers (AVX-512, NEON, not
       // timed on AVX2's 16, where kQ kPer accumulators and the four
       // transposed vectors would fill them): see ScoresIntT4.
       if constexpr (kQ >= 2 && (kBits == 4 || kBits == 2) && kAccVectors >= 16) {
-        if (ScoresIntFour<kBits, kQ, kL>(d8, codes, rows, row_bytes, run, dim, wj, w8_stride, oj, out_stride) == rows)
+        if (ScoresIntFour<kBits, kQ, kL>(d8, codes, rows, row_bytes, run, dim, wj, w8_stride, oj, out_stride, far) ==
+            rows)
           return;
       }
       r = unrolled(codes, rows, oj, out_stride);
@@ -462,16 +469,17 @@ void ScoresIntPer(D8 d8, int bits, const std::uint8_t* codes, std::int64_t rows,
           WidenedChunks3<false>(codes + done * row_bytes, rows - done, row_bytes, dim,
                                 [&](const std::uint8_t* wide, std::int64_t n, std::int64_t r0) {
                                   ScoresIntGroups<4, kL>(d8, wide, n, run, run, dim, wj, g, w8_stride, oj + done + r0,
-                                                         out_stride);
+                                                         out_stride, false);
                                 });
       }
       return;
 #endif
     }
 #endif
-    WidenedChunks3<false>(codes, rows, row_bytes, dim, [&](const std::uint8_t* wide, std::int64_t n, std::int64_t r0) {
-      ScoresIntGroups<4, kL>(d8, wide, n, run, run, dim, w8, nq, w8_stride, out + r0, out_stride);
-    });
+    WidenedChunks3<false, true>(
+        codes, rows, row_bytes, dim, [&](const std::uint8_t* wide, std::int64_t n, std::int64_t r0) {
+          ScoresIntGroups<4, kL>(d8, wide, n, run, run, dim, w8, nq, w8_stride, out + r0, out_stride, false);
+        });
   }
 }
 #endif  // HWY_TARGET != HWY_SCALAR
