@@ -348,7 +348,7 @@ void WidenCodes3(const std::uint8_t* src, std::int64_t n, std::uint8_t* dst) {
     for (; g < n; g += 16) {
       const std::int64_t k = std::min<std::int64_t>(16, n - g);
       __builtin_prefetch(src + 3 * g + kWidenAhead, 0, 3);  // past the end is harmless
-      if constexpr (kFar) __builtin_prefetch(src + 3 * g + kFarBytes, 0, 1);
+      if constexpr (kFar) PrefetchFar<3>(src + 3 * g, 1);
       const __mmask64 in = k == 16 ? 0xffffffffffffull : (1ull << (3 * k)) - 1;
       const __mmask64 out = k == 16 ? ~0ull : (1ull << (4 * k)) - 1;
       const __m512i x = _mm512_permutexvar_epi32(vperm, _mm512_maskz_loadu_epi8(in, src + 3 * g));
@@ -370,7 +370,7 @@ void WidenCodes3(const std::uint8_t* src, std::int64_t n, std::uint8_t* dst) {
     // pass the end; the rest go one by one.
     for (; 3 * g + 4 * N <= 3 * n; g += N) {
       __builtin_prefetch(src + 3 * g + kWidenAhead, 0, 3);  // past the end is harmless
-      if constexpr (kFar) __builtin_prefetch(src + 3 * g + kFarBytes, 0, 1);
+      if constexpr (kFar) PrefetchFar<3>(src + 3 * g, 1);
       const auto x = LoadGroups3(d, src + 3 * g, perm, shuffle);
       hn::StoreU(hn::BitCast(hn::Repartition<std::uint8_t, decltype(du)>(), kPairs ? Widen3ToPairs(x) : Widen3To4(x)),
                  hn::Repartition<std::uint8_t, decltype(du)>(), dst + 4 * g);
