@@ -39,10 +39,12 @@ namespace rt = kvcal::runtime;
 constexpr std::int64_t kHeads = 8, kDim = 128, kBlock = 96, kTokens = 32768;
 constexpr std::int64_t kHotTokens = 960;
 // "@int14", "@int8": the integer dot products (HexDot::int14, HexDot::int8).
-const char* const kMethods[] = {"fp16",        "kcvt4",      "kcvt3",      "kcvt2",       "h2o4",
-                                "hex4",        "hex3",       "hex2",       "kcvt4@int14", "kcvt3@int14",
-                                "kcvt2@int14", "hex4@int14", "hex2@int14", "kcvt4@int8",  "kcvt3@int8",
-                                "kcvt2@int8",  "hex4@int8",  "hex3@int8",  "hex2@int8"};
+// h2o4@int8 and expander4@int8 are hex4@int8's two parts apart (its kept
+// fp16 rows, its expander entries), for what each costs over kcvt4@int8.
+const char* const kMethods[] = {"fp16",       "kcvt4",      "kcvt3",         "kcvt2",       "h2o4",        "hex4",
+                                "hex3",       "hex2",       "kcvt4@int14",   "kcvt3@int14", "kcvt2@int14", "hex4@int14",
+                                "hex2@int14", "kcvt4@int8", "kcvt3@int8",    "kcvt2@int8",  "hex4@int8",   "hex3@int8",
+                                "hex2@int8",  "h2o4@int8",  "expander4@int8"};
 
 // [heads][tokens][dim] fp16 keys and values.
 struct Data {

@@ -797,6 +797,43 @@ TEST(RuntimeHex, LongContextsEqualReference) {
     }
 }
 
+// attend() takes the kept tokens of a piece's blocks after the blocks, in
+// runs of kept rows that lie back to back in the cache's kept streams: here
+// 8 to 11 kept rows of 32 per block (4 KiB of keys or more), blocks added one at a time so
+// that the streams grow in chunks and the runs break at chunk starts, one
+// piece at group 1 and five at group 16 (a run across two pieces is split),
+// against the double reference (check_cache_attention).
+TEST(RuntimeHex, KeptRowsInRunsEqualReference) {
+  std::mt19937_64 rng(0x4e580031);
+  const i64 H = 2, D = 128, B = 32, N = 80 * B + 9;
+  const Seq s = make_seq(H, N, D, rng);
+  HexOptions base;
+  base.block = B;
+  base.recent_window = 3;
+  base.hh_ratio = 0.25;
+  std::vector<float> attn(static_cast<std::size_t>(N));
+  std::exponential_distribution<float> ex(1.0f);
+  for (auto& a : attn) a = ex(rng);
+  for (const char* method : {"hex4", "h2o3", "hex2@int14"}) {
+    SCOPED_TRACE(method);
+    const HexOptions o = hex_method(method, base);
+    HexLayerCache c(H, D, o, o.expander ? make_mask(B, D, 4, 9) : nullptr);
+    c.observe(attn.data(), 1, N, N);
+    for (i64 t = 0; t < N; t += B) append(c, s, t, std::min(B, N - t));
+    i64 breaks = 0;
+    for (i64 h = 0; h < H; ++h) {
+      const auto blocks = c.blocks(h);
+      for (std::size_t i = 0; i + 1 < blocks.size(); ++i) {
+        ASSERT_GE(blocks[i].kept_rows, 8) << "block " << i;
+        breaks += blocks[i + 1].k_kept != blocks[i].k_kept + blocks[i].kept_rows * D ? 1 : 0;
+      }
+    }
+    EXPECT_GE(breaks, H) << "the kept streams crossed no chunk";
+    check_cache_attention(c, s, H, rng, 1e-4);
+    check_cache_attention(c, s, 16 * H, rng, 1e-4);
+  }
+}
+
 TEST(RuntimeHex, Fp16CacheEqualsPlainAttention) {
   std::mt19937_64 rng(0x4e580007);
   for (const i64 q_heads : {2, 4}) {
@@ -1038,7 +1075,7 @@ TEST(RuntimeHex, OneAtATimeVersusPrefix) {
 // 16-byte boundary.
 TEST(RuntimeHex, BlockStreamsGrowInPlace) {
   std::mt19937_64 rng(0x4e580012);
-  const i64 H = 2, D = 64, B = 32, N = 60 * B + 5;  // ~1.2 KiB per block side: past the first 64 KiB chunk
+  const i64 H = 2, D = 64, B = 32, N = 80 * B + 5;  // ~1 KiB per block side: past the first 64 KiB chunk
   const Seq s = make_seq(H, N, D, rng);
   HexOptions base;
   base.block = B;
@@ -1057,7 +1094,7 @@ TEST(RuntimeHex, BlockStreamsGrowInPlace) {
   expect_same_block(all[0], first[0], "block 0 after growth");
   const auto aligned = [](const void* p) { return reinterpret_cast<std::uintptr_t>(p) % 16 == 0; };
   const auto end_of = [](const void* p, i64 bytes) { return static_cast<const char*>(p) + (bytes + 15) / 16 * 16; };
-  i64 followed_keys = 0, followed_values = 0;
+  i64 followed_keys = 0, followed_values = 0, followed_kept = 0, kept_pairs = 0;
   for (std::size_t i = 0; i < all.size(); ++i) {
     const HexBlockView& b = all[i];
     const i64 nq = b.quant_rows(), d1 = b.mask_degree, kept = b.kept_rows;
@@ -1065,8 +1102,12 @@ TEST(RuntimeHex, BlockStreamsGrowInPlace) {
                           static_cast<const void*>(b.k_sparse), static_cast<const void*>(b.v_params),
                           static_cast<const void*>(b.v_codes), static_cast<const void*>(b.v_sparse)})
       EXPECT_TRUE(aligned(p)) << "block " << i;
+    if (kept > 0) {
+      EXPECT_TRUE(aligned(b.k_kept)) << "block " << i;
+      EXPECT_TRUE(aligned(b.v_kept)) << "block " << i;
+    }
     // Key side in the order the score pass reads it (parameters, kept
-    // indices, codes, entries, kept rows), then the value side.
+    // indices, codes, entries), then the value side; the kept rows apart.
     const char* params_end = end_of(b.k_params, D * 4);
     if (kept > 0) {
       EXPECT_EQ(static_cast<const void*>(b.kept_index), params_end) << "block " << i;
@@ -1074,15 +1115,20 @@ TEST(RuntimeHex, BlockStreamsGrowInPlace) {
     EXPECT_EQ(static_cast<const void*>(b.k_codes), kept > 0 ? end_of(b.kept_index, kept * 2) : params_end);
     EXPECT_EQ(static_cast<const void*>(b.k_sparse), end_of(b.k_codes, nq * b.row_bytes)) << "block " << i;
     const char* entries_end = end_of(b.k_sparse, nq * d1 * 2);
-    if (kept > 0) {
-      EXPECT_EQ(static_cast<const void*>(b.k_kept), entries_end) << "block " << i;
-    }
     EXPECT_EQ(static_cast<const void*>(b.v_sparse), end_of(b.v_params, nq * 4));
     if (i + 1 < all.size()) {
-      const char* key_end = kept > 0 ? end_of(b.k_kept, kept * D * 2) : entries_end;
       const char* value_end = end_of(b.v_codes, nq * b.row_bytes);
-      followed_keys += static_cast<const void*>(all[i + 1].k_params) == key_end ? 1 : 0;
+      followed_keys += static_cast<const void*>(all[i + 1].k_params) == entries_end ? 1 : 0;
       followed_values += static_cast<const void*>(all[i + 1].v_params) == value_end ? 1 : 0;
+      // The kept rows of consecutive blocks back to back, keys and values
+      // (D * 2 bytes a row: no padding between blocks).
+      if (kept > 0 && all[i + 1].kept_rows > 0) {
+        ++kept_pairs;
+        followed_kept += static_cast<const void*>(all[i + 1].k_kept) == end_of(b.k_kept, kept * D * 2) &&
+                                 static_cast<const void*>(all[i + 1].v_kept) == end_of(b.v_kept, kept * D * 2)
+                             ? 1
+                             : 0;
+      }
     }
     std::vector<std::uint8_t> keep(static_cast<std::size_t>(B), 0);
     for (const i64 t : kept_list(b)) keep[static_cast<std::size_t>(t)] = 1;
@@ -1098,6 +1144,9 @@ TEST(RuntimeHex, BlockStreamsGrowInPlace) {
   const auto pairs = static_cast<i64>(all.size()) - 1;
   EXPECT_GE(followed_keys, pairs - 3);
   EXPECT_GE(followed_values, pairs - 3);
+  // The kept rows' streams are small (a few rows a block): one chunk here.
+  EXPECT_GT(kept_pairs, pairs / 2);
+  EXPECT_EQ(followed_kept, kept_pairs);
   EXPECT_LT(followed_keys, pairs);
   check_cache_attention(c, s, H, rng, 1e-4);
 }

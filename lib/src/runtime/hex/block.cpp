@@ -325,7 +325,7 @@ void hex_block_scores(const HexBlockView& b, const float* q, std::int64_t nq, st
 }
 
 void detail::block_scores(const HexBlockView& b, const float* q, std::int64_t nq, std::int64_t q_stride, float scale,
-                          float* scores, std::int64_t s_stride, HexDot dot, KeyEntries& ke) {
+                          float* scores, std::int64_t s_stride, HexDot dot, KeyEntries& ke, bool kept) {
   const std::int64_t d = b.head_dim, d1 = b.mask_degree, nqr = b.quant_rows();
   if (b.bits == 0) {
     half_scores(q, nq, q_stride, b.k_kept, b.tokens, d, d, scale, scores, s_stride);
@@ -411,14 +411,7 @@ void detail::block_scores(const HexBlockView& b, const float* q, std::int64_t nq
       if (qk) entry_scores(qk + j * ke.rows * d1, ke.rows, sparse, T, T, d1, sj);
     }
   }
-  // Kept tokens: their fp16 rows in one pass, then each score to its place.
-  const std::int64_t nk = b.kept_rows;
-  if (nk > 0) {
-    float* ks = Scratch::get(sc.kept, nq * nk);
-    half_scores(q, nq, q_stride, b.k_kept, nk, d, d, scale, ks, nk);
-    for (std::int64_t j = 0; j < nq; ++j)
-      for (std::int64_t k = 0; k < nk; ++k) scores[j * s_stride + b.kept_index[k]] = ks[j * nk + k];
-  }
+  if (kept) kept_scores(&b, 1, q, nq, q_stride, scale, scores, s_stride);
 }
 
 // Accumulation: per token the weights p_t * delta_t of the packed rows, the
@@ -432,7 +425,7 @@ void hex_block_accumulate(const HexBlockView& b, const float* p, std::int64_t nq
 }
 
 void detail::block_accumulate(const HexBlockView& b, const float* p, std::int64_t nq, std::int64_t p_stride, float* out,
-                              std::int64_t out_stride, HexDot dot, ValueEntries& ve) {
+                              std::int64_t out_stride, HexDot dot, ValueEntries& ve, bool kept) {
   const std::int64_t d = b.head_dim, d1 = b.mask_degree, nqr = b.quant_rows();
   if (b.bits == 0) {
     half_accumulate(p, nq, p_stride, b.v_kept, b.tokens, d, d, out, out_stride);
@@ -488,14 +481,7 @@ void detail::block_accumulate(const HexBlockView& b, const float* p, std::int64_
       for (std::int64_t j = 0; j < nq; ++j)
         group_axpy(p + j * p_stride, T, d1, sparse, T, sums + j * ve.rows * d1, ve.rows);
   }
-  // Kept tokens: their weights gathered, their fp16 rows in one pass.
-  const std::int64_t nk = b.kept_rows;
-  if (nk > 0) {
-    float* pk = Scratch::get(sc.kept, nq * nk);
-    for (std::int64_t j = 0; j < nq; ++j)
-      for (std::int64_t k = 0; k < nk; ++k) pk[j * nk + k] = p[j * p_stride + b.kept_index[k]];
-    half_accumulate(pk, nq, nk, b.v_kept, nk, d, d, out, out_stride);
-  }
+  if (kept) kept_accumulate(&b, 1, p, nq, p_stride, out, out_stride);
   if (nqr > 0 && cr.int_dot) {
     const int limbs = dot_limbs(dot);
     std::int8_t* w8 = Scratch::get(sc.w8, nq * limbs * nqr);
@@ -508,6 +494,77 @@ void detail::block_accumulate(const HexBlockView& b, const float* p, std::int64_
     return;
   }
   if (nqr > 0) code_accumulate(b.v_codes, nqr, b.row_bytes, b.bits, d, a, nq, nqr, acc, d);
+}
+
+// The kept tokens of blocks [0, n): their fp16 rows a run at a time, a run
+// being the kept rows of consecutive blocks that lie back to back (as
+// BlockStore keeps them), so that a decode pays the kernels' set-up once
+// per run instead of once per block for a block's two or three kept rows.
+// Calls f(k, v, rows, first) for each run, `first` its first row among the
+// blocks' kept rows. Blocks without codes (bits 0) have no kept tokens here.
+namespace {
+template <class F>
+void kept_runs(const HexBlockView* blocks, std::size_t n, F f) {
+  const half_bits* k = nullptr;
+  const half_bits* v = nullptr;
+  std::int64_t rows = 0, first = 0;
+  for (std::size_t i = 0; i < n; ++i) {
+    const HexBlockView& b = blocks[i];
+    if (b.bits == 0 || b.kept_rows == 0) continue;
+    const std::int64_t d = b.head_dim;
+    if (rows > 0 && (b.k_kept != k + rows * d || b.v_kept != v + rows * d)) {
+      f(k, v, rows, first);
+      first += rows;
+      rows = 0;
+    }
+    if (rows == 0) k = b.k_kept, v = b.v_kept;
+    rows += b.kept_rows;
+  }
+  if (rows > 0) f(k, v, rows, first);
+}
+std::int64_t kept_total(const HexBlockView* blocks, std::size_t n) {
+  std::int64_t total = 0;
+  for (std::size_t i = 0; i < n; ++i)
+    if (blocks[i].bits != 0) total += blocks[i].kept_rows;
+  return total;
+}
+}  // namespace
+
+void detail::kept_scores(const HexBlockView* blocks, std::size_t n, const float* q, std::int64_t nq,
+                         std::int64_t q_stride, float scale, float* scores, std::int64_t s_stride) {
+  const std::int64_t total = kept_total(blocks, n);
+  if (total == 0) return;
+  const std::int64_t d = blocks[0].head_dim;
+  float* ks = Scratch::get(scratch.kept, nq * total);  // [nq][kept row]
+  kept_runs(blocks, n, [&](const half_bits* k, const half_bits*, std::int64_t rows, std::int64_t first) {
+    half_scores(q, nq, q_stride, k, rows, d, d, scale, ks + first, total);
+  });
+  // Each score to its token's place.
+  std::int64_t at = 0, r = 0;
+  for (std::size_t i = 0; i < n; at += blocks[i].tokens, ++i) {
+    const HexBlockView& b = blocks[i];
+    if (b.bits == 0) continue;
+    for (std::int64_t k = 0; k < b.kept_rows; ++k, ++r)
+      for (std::int64_t j = 0; j < nq; ++j) scores[j * s_stride + at + b.kept_index[k]] = ks[j * total + r];
+  }
+}
+
+void detail::kept_accumulate(const HexBlockView* blocks, std::size_t n, const float* p, std::int64_t nq,
+                             std::int64_t p_stride, float* out, std::int64_t out_stride) {
+  const std::int64_t total = kept_total(blocks, n);
+  if (total == 0) return;
+  const std::int64_t d = blocks[0].head_dim;
+  float* pk = Scratch::get(scratch.kept, nq * total);  // [nq][kept row]: their weights gathered
+  std::int64_t at = 0, r = 0;
+  for (std::size_t i = 0; i < n; at += blocks[i].tokens, ++i) {
+    const HexBlockView& b = blocks[i];
+    if (b.bits == 0) continue;
+    for (std::int64_t k = 0; k < b.kept_rows; ++k, ++r)
+      for (std::int64_t j = 0; j < nq; ++j) pk[j * total + r] = p[j * p_stride + at + b.kept_index[k]];
+  }
+  kept_runs(blocks, n, [&](const half_bits*, const half_bits* v, std::int64_t rows, std::int64_t first) {
+    half_accumulate(pk + first, nq, total, v, rows, d, d, out, out_stride);
+  });
 }
 
 void attend_fp16(const float* q, std::int64_t nq, std::int64_t q_stride, const half_bits* k, const half_bits* v,

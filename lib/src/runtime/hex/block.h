@@ -83,11 +83,22 @@ struct ValueEntries {
 };
 
 // The block decode with the entry state of a multi-block decode (see
-// hex_block_scores and hex_block_accumulate, which use fresh ones).
+// hex_block_scores and hex_block_accumulate, which use fresh ones). kept =
+// false leaves out the kept tokens (of a block with codes): their scores
+// untouched, their values not added; the caller takes them with the other
+// blocks' through kept_scores and kept_accumulate.
 void block_scores(const HexBlockView& b, const float* q, std::int64_t nq, std::int64_t q_stride, float scale,
-                  float* scores, std::int64_t s_stride, HexDot dot, KeyEntries& ke);
+                  float* scores, std::int64_t s_stride, HexDot dot, KeyEntries& ke, bool kept = true);
 void block_accumulate(const HexBlockView& b, const float* p, std::int64_t nq, std::int64_t p_stride, float* out,
-                      std::int64_t out_stride, HexDot dot, ValueEntries& ve);
+                      std::int64_t out_stride, HexDot dot, ValueEntries& ve, bool kept = true);
+// The kept tokens of the consecutive blocks blocks[0 .. n) (a block's tokens
+// follow the previous block's in scores and p), blocks without codes left
+// out: their scores written, their values added into out, with the fp16
+// kernels once per run of kept rows that lie back to back in memory.
+void kept_scores(const HexBlockView* blocks, std::size_t n, const float* q, std::int64_t nq, std::int64_t q_stride,
+                 float scale, float* scores, std::int64_t s_stride);
+void kept_accumulate(const HexBlockView* blocks, std::size_t n, const float* p, std::int64_t nq, std::int64_t p_stride,
+                     float* out, std::int64_t out_stride);
 
 // hex_compress_block without its argument checks: HexLayerCache has already
 // checked the mask (constructor) and the keys and values (append).

@@ -81,27 +81,34 @@ void check_options(const HexOptions& o) {
 
 namespace {
 
-// The compressed blocks of one head as two streams: the key side of every
-// block (parameters, kept indices, codes, expander entries, fp16 rows) one
-// block after the other, in the order the score pass reads them, and the
-// value side likewise for the accumulation pass. A decode then reads two
-// sequential streams, which the hardware prefetcher follows; a HexBlock's
-// nine separate allocations made every block start with stalls. (With the
-// entries before the codes, as they once were, a score pass that reads the
-// codes first and then the entries made hex4 decode of one query per KV
-// head 5-18% slower on a Zen 5 host.) Chunks never move, so the views stay
-// valid as blocks are added.
+// The compressed blocks of one head as streams: the key side of every
+// block (parameters, kept indices, codes, expander entries) one block after
+// the other, in the order the score pass reads them, and the value side
+// likewise for the accumulation pass. A decode then reads sequential
+// streams, which the hardware prefetcher follows; a HexBlock's nine separate
+// allocations made every block start with stalls. (With the entries before
+// the codes, as they once were, a score pass that reads the codes first and
+// then the entries made hex4 decode of one query per KV head 5-18% slower on
+// a Zen 5 host.) The kept tokens' fp16 rows go to two streams of their own,
+// keys and values, so that the kept rows of consecutive blocks lie back to
+// back and a decode takes those of many blocks in one pass of the fp16
+// kernels (kept_scores, kept_accumulate) rather than two or three rows per
+// block. Chunks never move, so the views stay valid as blocks are added.
 class BlockStore {
  public:
   // Room for `add` (may throw; leaves the views unchanged).
   void reserve(const std::vector<HexBlock>& add) {
-    std::size_t key = 0, value = 0;
+    std::size_t key = 0, value = 0, kept_key = 0, kept_value = 0;
     for (const HexBlock& b : add) {
       key += key_bytes(b);
       value += value_bytes(b);
+      kept_key += size_of(b.k_kept);
+      kept_value += size_of(b.v_kept);
     }
     keys_.reserve(key);
     values_.reserve(value);
+    kept_keys_.reserve(kept_key);
+    kept_values_.reserve(kept_value);
     views_.reserve(views_.size() + add.size());
   }
   // Copies b in; after reserve() covering it, nothing here throws.
@@ -111,10 +118,10 @@ class BlockStore {
     v.kept_index = b.kept_index.empty() ? nullptr : keys_.copy(b.kept_index);
     v.k_codes = keys_.copy(b.k_codes);
     v.k_sparse = keys_.copy(b.k_sparse);
-    v.k_kept = keys_.copy(b.k_kept);
+    v.k_kept = kept_keys_.copy(b.k_kept);
     v.v_params = values_.copy(b.v_params);
     v.v_sparse = values_.copy(b.v_sparse);
-    v.v_kept = values_.copy(b.v_kept);
+    v.v_kept = kept_values_.copy(b.v_kept);
     v.v_codes = values_.copy(b.v_codes);
     views_.push_back(v);
   }
@@ -128,10 +135,10 @@ class BlockStore {
     return padded(x.size() * sizeof(T));
   }
   static std::size_t key_bytes(const HexBlock& b) {
-    return size_of(b.k_params) + size_of(b.k_sparse) + size_of(b.k_codes) + size_of(b.k_kept) + size_of(b.kept_index);
+    return size_of(b.k_params) + size_of(b.k_sparse) + size_of(b.k_codes) + size_of(b.kept_index);
   }
   static std::size_t value_bytes(const HexBlock& b) {
-    return size_of(b.v_params) + size_of(b.v_sparse) + size_of(b.v_kept) + size_of(b.v_codes);
+    return size_of(b.v_params) + size_of(b.v_sparse) + size_of(b.v_codes);
   }
 
   // Append-only storage in chunks that grow geometrically (64 KiB .. 4 MiB,
@@ -164,7 +171,7 @@ class BlockStore {
     };
     std::vector<Chunk> chunks_;
   };
-  Stream keys_, values_;
+  Stream keys_, values_, kept_keys_, kept_values_;
   std::vector<HexBlockView> views_;
 };
 
@@ -429,19 +436,23 @@ void HexLayerCache::attend_head(const Impl& m, std::int64_t h, const float* q, s
     for (; e < segments && n + seg_tokens(e) <= target; ++e) n += seg_tokens(e);
     std::int64_t stride = 0;
     float* p = weights(pos, n, stride);
+    // The piece's blocks, their kept tokens all in one go after them.
+    const std::size_t piece_blocks = std::min(e, nb) - std::min(i, nb);
     for (std::size_t k = i, at = 0; k < e; at += static_cast<std::size_t>(seg_tokens(k)), ++k) {
       if (k < nb)
-        block_scores(blocks[k], qh, group, d, scale, p + at, stride, m.opt.dot, ke);
+        block_scores(blocks[k], qh, group, d, scale, p + at, stride, m.opt.dot, ke, false);
       else
         half_scores(qh, group, d, hd.res_k.data() + off * d, seg_tokens(k), d, d, scale, p + at, stride);
     }
+    if (piece_blocks > 0) kept_scores(blocks.data() + i, piece_blocks, qh, group, d, scale, p, stride);
     soften(p, stride, pos, n);
-    for (std::size_t k = i, at = 0; k < e; at += static_cast<std::size_t>(seg_tokens(k)), ++k) {
-      if (k < nb)
-        block_accumulate(blocks[k], p + at, group, stride, oh, d, m.opt.dot, ve);
-      else
-        half_accumulate(p + at, group, stride, hd.res_v.data() + off * d, seg_tokens(k), d, d, oh, d);
-    }
+    // The residual rows (the last segment) after the kept ones: the fp16
+    // rows added into the output in token order.
+    std::int64_t at = 0;
+    for (std::size_t k = i; k < e && k < nb; at += seg_tokens(k), ++k)
+      block_accumulate(blocks[k], p + at, group, stride, oh, d, m.opt.dot, ve, false);
+    if (piece_blocks > 0) kept_accumulate(blocks.data() + i, piece_blocks, p, group, stride, oh, d);
+    if (e > nb) half_accumulate(p + at, group, stride, hd.res_v.data() + off * d, seg_tokens(nb), d, d, oh, d);
     pos += n;
     i = e;
   }
