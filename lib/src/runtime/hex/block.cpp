@@ -528,6 +528,17 @@ std::int64_t kept_total(const HexBlockView* blocks, std::size_t n) {
     if (blocks[i].bits != 0) total += blocks[i].kept_rows;
   return total;
 }
+// Calls f(t, r) for each kept token: t its place among the blocks' tokens,
+// r its row among their kept rows (as kept_runs counts them).
+template <class F>
+void kept_places(const HexBlockView* blocks, std::size_t n, F f) {
+  std::int64_t at = 0, r = 0;
+  for (std::size_t i = 0; i < n; at += blocks[i].tokens, ++i) {
+    const HexBlockView& b = blocks[i];
+    if (b.bits == 0) continue;
+    for (std::int64_t k = 0; k < b.kept_rows; ++k, ++r) f(at + b.kept_index[k], r);
+  }
+}
 }  // namespace
 
 void detail::kept_scores(const HexBlockView* blocks, std::size_t n, const float* q, std::int64_t nq,
@@ -540,13 +551,9 @@ void detail::kept_scores(const HexBlockView* blocks, std::size_t n, const float*
     half_scores(q, nq, q_stride, k, rows, d, d, scale, ks + first, total);
   });
   // Each score to its token's place.
-  std::int64_t at = 0, r = 0;
-  for (std::size_t i = 0; i < n; at += blocks[i].tokens, ++i) {
-    const HexBlockView& b = blocks[i];
-    if (b.bits == 0) continue;
-    for (std::int64_t k = 0; k < b.kept_rows; ++k, ++r)
-      for (std::int64_t j = 0; j < nq; ++j) scores[j * s_stride + at + b.kept_index[k]] = ks[j * total + r];
-  }
+  kept_places(blocks, n, [&](std::int64_t t, std::int64_t r) {
+    for (std::int64_t j = 0; j < nq; ++j) scores[j * s_stride + t] = ks[j * total + r];
+  });
 }
 
 void detail::kept_accumulate(const HexBlockView* blocks, std::size_t n, const float* p, std::int64_t nq,
@@ -555,13 +562,9 @@ void detail::kept_accumulate(const HexBlockView* blocks, std::size_t n, const fl
   if (total == 0) return;
   const std::int64_t d = blocks[0].head_dim;
   float* pk = Scratch::get(scratch.kept, nq * total);  // [nq][kept row]: their weights gathered
-  std::int64_t at = 0, r = 0;
-  for (std::size_t i = 0; i < n; at += blocks[i].tokens, ++i) {
-    const HexBlockView& b = blocks[i];
-    if (b.bits == 0) continue;
-    for (std::int64_t k = 0; k < b.kept_rows; ++k, ++r)
-      for (std::int64_t j = 0; j < nq; ++j) pk[j * total + r] = p[j * p_stride + at + b.kept_index[k]];
-  }
+  kept_places(blocks, n, [&](std::int64_t t, std::int64_t r) {
+    for (std::int64_t j = 0; j < nq; ++j) pk[j * total + r] = p[j * p_stride + t];
+  });
   kept_runs(blocks, n, [&](const half_bits*, const half_bits* v, std::int64_t rows, std::int64_t first) {
     half_accumulate(pk + first, nq, total, v, rows, d, d, out, out_stride);
   });
