@@ -177,14 +177,17 @@ void quantize(benchmark::State& state, const std::string& dot) {
   state.SetItemsProcessed(state.iterations() * kDim);
 }
 
-// Integer scores of one query over a HEX block's rows: 94 quantized rows
-// (two kept tokens) against 96, the last 14 rows past the unrolled steps.
+// Integer scores of one query over a HEX block's rows:
+// kernel/scores_rows/int8/<rows>/<bits>, 94 quantized rows (two kept tokens)
+// against 96; 94 leave 14 rows past the unrolled steps (3 bits: 13 and the
+// last row, which is never read in place).
 void scores_rows(benchmark::State& state) {
   const std::int64_t rows = state.range(0);
-  Inputs in(4, 1, kDim, 1);
+  const int bits = static_cast<int>(state.range(1));
+  Inputs in(bits, 1, kDim, 1);
   std::vector<std::int32_t> out(static_cast<std::size_t>(kRows));
   for (auto _ : state) {
-    d::code_scores_int(in.codes.data(), rows, in.row_bytes, 4, kDim, 1, in.w8.data(), 1, kDim, out.data(), kRows);
+    d::code_scores_int(in.codes.data(), rows, in.row_bytes, bits, kDim, 1, in.w8.data(), 1, kDim, out.data(), kRows);
     benchmark::DoNotOptimize(out.data());
   }
   state.SetItemsProcessed(state.iterations() * rows * kDim);
@@ -278,7 +281,7 @@ int register_all() {
     }
     if (s != "float32") benchmark::RegisterBenchmark(("kernel/quantize/" + s).c_str(), quantize, s);
   }
-  benchmark::RegisterBenchmark("kernel/scores_rows/int8", scores_rows)->Arg(94)->Arg(96);
+  benchmark::RegisterBenchmark("kernel/scores_rows/int8", scores_rows)->ArgsProduct({{94, 96}, {4, 3}});
   benchmark::RegisterBenchmark("kernel/entry_diffs", entry_diffs)->Arg(128)->Arg(129);
   benchmark::RegisterBenchmark("kernel/run_entries", run_entries, 3)->Arg(1)->Arg(4);
   benchmark::RegisterBenchmark("kernel/run_entries/keys", run_entries, 1)->Arg(1)->Arg(4);
