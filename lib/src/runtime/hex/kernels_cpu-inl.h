@@ -58,7 +58,14 @@ using DH = hn::Rebind<hwy::float16_t, DF>;
 // reaches into the next one.) 48 rows, 3 KiB of 4-bit codes: on a 2-vCPU
 // Zen 3 guest, decode over 32K tokens against 16 rows took 10% less at
 // kcvt4@int8 with a GQA group of 4, and 2% / 10% less at fp16 with groups
-// of 1 / 4; 32 and 96 rows were no better for the codes.
+// of 1 / 4; 32 and 96 rows were no better for the codes. Rows wider than a
+// line take one request per line: the fp16 kernels (ScoresRows on fp16
+// rows, HalfAccumulateRows) requested only a row's first line, and with the
+// rows of the fp16 method 16 bytes past a line the loads that straddled two
+// lines stood in for the missing requests, with the rows on lines nothing
+// did (decode over 32K tokens 26-38% slower). Every line: the fp16 method's
+// decode over 32K tokens on a Zen 4 guest 4-18% faster (README, "The fp16
+// kernels request every line of the rows ahead").
 constexpr std::int64_t kPrefetchRows = 48;
 // The integer code kernels (code_scores_int, code_accumulate_int) also
 // request the lines kFarBytes ahead of the rows they read, with the hint for

@@ -694,7 +694,13 @@ KVCAL_FLATTEN std::int64_t ScoresRows(D d, const Reader& rd, std::int64_t rows, 
     const std::uint8_t* row[kR];
     Unroll<kR>([&](auto rr) KVCAL_INLINE_LAMBDA {
       row[rr] = rd.Row(r + rr);
-      __builtin_prefetch(rd.Row(r + rr + kPrefetchRows), 0, 3);  // past the end is harmless
+      // Every line of the row ahead: at most its 2 run bytes (fp16 rows,
+      // four lines at a head dim of 128; see kPrefetchRows), within the
+      // row stride.
+      const std::uint8_t* ahead = rd.Row(r + rr + kPrefetchRows);
+      const std::int64_t span = std::min<std::int64_t>(2 * run, rd.Row(r + rr + kPrefetchRows + 1) - ahead);
+      __builtin_prefetch(ahead, 0, 3);  // past the end is harmless
+      for (std::int64_t o = 64; o < span; o += 64) __builtin_prefetch(ahead + o, 0, 3);
     });
     hn::Vec<D> s[kA];  // s[rr * kQ + j]: row r + rr, query j
     Unroll<kA>([&](auto x) KVCAL_INLINE_LAMBDA { s[x] = hn::Zero(d); });
@@ -819,13 +825,21 @@ KVCAL_FLATTEN std::int64_t HalfAccumulateRows(const float* p, std::int64_t p_str
   const DH dh;
   const auto N = static_cast<std::int64_t>(hn::Lanes(df));
   constexpr int kA = kQ * kC;
+  const bool whole = rows * (end - i0) * 2 <= 32768;  // the rows' channels fit L1 (see below)
   std::int64_t i = i0;
   for (; i + kC * N <= end; i += kC * N) {
     hn::Vec<DF> s[kA];  // s[j * kC + c]: query j, vector c
     Unroll<kA>([&](auto x) KVCAL_INLINE_LAMBDA { s[x] = hn::LoadU(df, out + x / kC * out_stride + i + x % kC * N); });
     for (std::int64_t r = 0; r < rows; ++r) {
       const auto* row = reinterpret_cast<const hwy::float16_t*>(v + r * v_stride + i);
-      __builtin_prefetch(v + (r + kPrefetchRows) * v_stride + i, 0, 3);  // past the end is harmless
+      // Every line of the row ahead (see kPrefetchRows; past the end is
+      // harmless). Rows that L1 holds between passes (a block's: 24 KiB at
+      // a head dim of 128): the first pass requests all of the row's
+      // channels [i0, end), the later ones nothing. More rows: each pass its
+      // own channels' lines.
+      const half_bits* ahead = v + (r + kPrefetchRows) * v_stride;
+      const std::int64_t o0 = whole ? (i == i0 ? i0 : end) : i, o1 = whole ? end : i + kC * N;
+      for (std::int64_t o = o0; o < o1; o += 32) __builtin_prefetch(ahead + o, 0, 3);
       Unroll<kC>([&](auto c) KVCAL_INLINE_LAMBDA {
         const auto x = hn::PromoteTo(df, hn::LoadU(dh, row + c * N));
         Unroll<kQ>([&](auto j) KVCAL_INLINE_LAMBDA {
