@@ -3,7 +3,9 @@
 // book-keeping are hex_paged.h's: HexPagedCache plans each step on the host,
 // these functions run the plans on the device; HexPagedHost runs the same
 // plans on the host with the same codec and is the reference the CUDA tests
-// compare against (pages byte for byte, outputs within tolerance).
+// compare against (pages byte for byte, outputs within tolerance). The
+// device decode computes the code products in float32 whatever the cache
+// options' HexOptions::dot says (the integer rules are CPU-only so far).
 //
 // Per layer and decode step an engine:
 //   1. plan = cache.plan_append(requests, new_tokens);          // host

@@ -262,6 +262,9 @@ class KVCAL_RUNTIME_API HexPagedCache {
 // Runs HexPagedCache's plans on host memory with the device kernels' code
 // (the reference for hex_cuda.h and a CPU fallback): a pool of block pages
 // and residual pages, step token buffers [rows][kv_heads][head_dim] binary16.
+// The decode's code products follow the cache options' rule (HexOptions::dot,
+// as HexLayerCache's); the device decode computes them in float32 whatever
+// the rule, so it is compared with a host whose options say float32.
 class KVCAL_RUNTIME_API HexPagedHost {
  public:
   explicit HexPagedHost(const HexPagedCache& cache);  // pools sized like the cache's

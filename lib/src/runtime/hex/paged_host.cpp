@@ -2,7 +2,9 @@
 // device codec (page_codec.h) item by item; decode runs each work item of the
 // plan with the CPU block kernels into a partial softmax state (running max,
 // sum of exponentials, unnormalised output) and merges the splits the way the
-// device's flash-decoding merge does.
+// device's flash-decoding merge does. The blocks' products follow the
+// options' dot rule (HexOptions::dot) as HexLayerCache does; the device
+// decode computes in float32 whatever the rule (hex_cuda.h).
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -173,7 +175,8 @@ void HexPagedHost::run_decode(const HexDecodePlan& plan, const std::vector<std::
       res.k_kept = m.res_k(rp, h);
       res.v_kept = m.res_v(rp, h);
     }
-    for (std::int64_t b = 0; b < it.blocks; ++b) hex_block_scores(view(b), qh, group, d, scale, s.data() + b * nb, n);
+    for (std::int64_t b = 0; b < it.blocks; ++b)
+      hex_block_scores(view(b), qh, group, d, scale, s.data() + b * nb, n, m.opt.dot);
     if (R > 0) hex_block_scores(res, qh, group, d, scale, s.data() + it.blocks * nb, n);
     const std::size_t slot = static_cast<std::size_t>(plan.split_indptr[i] + it.split);
     for (std::int64_t j = 0; j < group; ++j) {
@@ -189,7 +192,8 @@ void HexPagedHost::run_decode(const HexDecodePlan& plan, const std::vector<std::
       pl[at] = sum;
     }
     float* acc = pacc.data() + (slot * q_heads + h * group) * d;
-    for (std::int64_t b = 0; b < it.blocks; ++b) hex_block_accumulate(view(b), s.data() + b * nb, group, n, acc, d);
+    for (std::int64_t b = 0; b < it.blocks; ++b)
+      hex_block_accumulate(view(b), s.data() + b * nb, group, n, acc, d, m.opt.dot);
     if (R > 0) hex_block_accumulate(res, s.data() + it.blocks * nb, group, n, acc, d);
   }
   // Merge the splits of each query head.
