@@ -39,6 +39,8 @@ echo "== token entropy/varentropy, V = 128,256, against NumPy and the memory-rea
 $python scripts/bench_entropy.py --bench build/release/bin/bench_entropy
 echo "== runtime: HEX block compression, decode over a 32K-token cache (fp16 and compressed), memory-read bandwidth"
 build/release/bin/bench_runtime --benchmark_out="$out/runtime.json" --benchmark_out_format=json
+echo "== runtime: the decode goals (HEX against fp16 and the streaming read), 3 interleaved rounds"
+$python scripts/bench_decode.py --build build/release --json "$out/decode_goals.json"
 echo "== runtime: the decode kernels alone (float32, int14, int8), one thread, one block in cache"
 build/release/bin/bench_kernels --benchmark_out="$out/kernels.json" --benchmark_out_format=json
 echo "== runtime: CHESS selection per decode step vs one layer's fp16 attention (x 32 layers = one decode step)"
