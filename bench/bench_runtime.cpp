@@ -171,8 +171,7 @@ void decode(benchmark::State& state, const std::string& method, std::int64_t tok
 
 void streaming_read(benchmark::State& state) {
   static const std::vector<float> buf(
-      static_cast<std::size_t>(std::max<std::int64_t>(std::int64_t{256} << 20, 4 * llc_bytes())) / sizeof(float),
-      1.0f);
+      static_cast<std::size_t>(std::max<std::int64_t>(std::int64_t{256} << 20, 4 * llc_bytes())) / sizeof(float), 1.0f);
   const auto n = static_cast<std::int64_t>(buf.size());
   const int threads = static_cast<int>(state.range(0));
   for (auto _ : state) {

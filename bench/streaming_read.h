@@ -17,9 +17,11 @@ namespace kvcal::bench {
 // two threads), which would understate the bandwidth the decode is compared
 // with.
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
-__attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
+#define KVCAL_BENCH_WIDEST_VECTORS __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
+#else
+#define KVCAL_BENCH_WIDEST_VECTORS
 #endif
-static float slice_sum(const float* data, std::int64_t begin, std::int64_t end) {
+KVCAL_BENCH_WIDEST_VECTORS static float slice_sum(const float* data, std::int64_t begin, std::int64_t end) {
   typedef float vf16 __attribute__((vector_size(64)));
   vf16 a0{}, a1{}, a2{}, a3{};
   for (std::int64_t i = begin; i < end; i += 64) {
