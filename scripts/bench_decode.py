@@ -3,14 +3,14 @@
 
 Runs bench_runtime's decode over a 32K-token cache (8 KV heads, Dh 128, a GQA
 group of 1 and of 4) for fp16, kcvt4@int8 and hex4/3/2@int8, and the
-streaming read on all threads (the decode cycles through copies of the layer
-that fill twice the last-level cache, and the read covers at least four times
-it, so that both come from memory as in a model's decode step; building the
-copies takes a few seconds per method on a large-LLC host), in interleaved
-rounds: each round runs every
+streaming read on all threads, in interleaved rounds: each round runs every
 build once, each run takes the fastest of its repetitions (the figures of one
 run spread by 10-20% on a small shared host; the fastest of several is stable
-to a few percent). Then, per round, the goals:
+to a few percent). The decode cycles through copies of the layer that fill
+twice the last-level cache and the read covers at least four times it, so
+that both come from memory as in a model's decode step (building the copies
+takes a few seconds per method on a large-LLC host). Then, per round, the
+goals:
 
   - hex4@int8 at group 1 reads its bytes at >= 50% of the streaming read;
   - hex4@int8 is faster than fp16 by >= 0.8 x the byte ratio, groups 1 and 4;
