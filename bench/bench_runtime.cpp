@@ -10,7 +10,8 @@
 //    together far exceed the last-level cache, the iterations cycle through
 //    enough identical copies of the layer (counter `layers`) to fill twice the
 //    LLC: on a host whose LLC holds a whole layer (a 260 MB L3 holds the fp16
-//    one) a single copy would time the LLC, not memory.
+//    one) a single copy would time the LLC, not memory. KVCAL_BENCH_LAYERS=N
+//    sets the number of copies (1: the LLC's figure, for what memory costs).
 //  decode_l2/<method>/<group>: the same over 960 tokens (ten blocks per head;
 //    the compressed caches stay in L2), in microseconds: the decode's compute
 //    with memory left out, what the kernels and the per-block work cost.
@@ -25,6 +26,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <map>
 #include <memory>
@@ -106,6 +109,21 @@ std::int64_t llc_bytes() {
   return b;
 }
 
+// KVCAL_BENCH_LAYERS=N: decode/ cycles through N copies of the layer
+// instead (N = 1 times the layer where the LLC holds it: the decode's compute
+// and cache traffic without memory's); 0 when unset. Exits on a bad value.
+std::int64_t layers_from_env() {
+  const char* env = std::getenv("KVCAL_BENCH_LAYERS");
+  if (!env || !*env) return 0;
+  char* end = nullptr;
+  const long long n = std::strtoll(env, &end, 10);
+  if (*end != '\0' || n < 1 || n > 4096) {
+    std::fprintf(stderr, "error: KVCAL_BENCH_LAYERS=%s is not a layer count in [1, 4096]\n", env);
+    std::exit(2);
+  }
+  return n;
+}
+
 // The layer caches a decode benchmark cycles through: one for caches that fit
 // L2 by design (decode_l2), else enough copies to fill twice the LLC. Only the
 // latest method's full-size copies are kept (a few GB on a large-LLC host).
@@ -122,7 +140,8 @@ const std::vector<std::unique_ptr<rt::HexLayerCache>>& cached(const std::string&
   if (slot.empty()) {
     slot.push_back(std::make_unique<rt::HexLayerCache>(make_cache(method, tokens)));
     const auto bytes = static_cast<std::int64_t>(slot[0]->bytes());
-    const std::int64_t n = fits_l2 ? 1 : std::max<std::int64_t>(1, (2 * llc_bytes() + bytes - 1) / bytes);
+    const std::int64_t want = layers_from_env();
+    const std::int64_t n = fits_l2 ? 1 : want > 0 ? want : std::max<std::int64_t>(1, (2 * llc_bytes() + bytes - 1) / bytes);
     slot.resize(static_cast<std::size_t>(n));
 #pragma omp parallel for schedule(dynamic)  // ~0.8 s apiece; hex2@int8 takes 22 on a 260 MB L3
     for (std::int64_t i = 1; i < n; ++i) slot[i] = std::make_unique<rt::HexLayerCache>(make_cache(method, tokens));

@@ -22,12 +22,15 @@ It also serves A/Bs of a change: --lib runs the first build's benchmark
 binary against copies of libkvcal_runtime.so (its RUNPATH yields to
 LD_LIBRARY_PATH; the runs are then the libraries only), --filter picks other
 benchmarks, --threads 1 gives the steadiest figures on a small host (two
-threads are bimodal there).
+threads are bimodal there), and --layers 1 times one copy of the layer, in
+the LLC where it fits: against the default run, what memory costs the
+decode.
 
 Usage:
   scripts/bench_decode.py                          # build/release, 3 rounds
   scripts/bench_decode.py --build build/release --build build/native --rounds 5
   scripts/bench_decode.py --reps 10 --json out/bench/decode_goals.json
+  scripts/bench_decode.py --threads 1 --layers 1 --filter '^decode/hex4@int8/'   # the LLC's figure
   # A/B: the library before a change (copied aside) against the rebuilt one
   cp -a build/native/lib /tmp/before && <change, rebuild>
   scripts/bench_decode.py --build build/native --lib /tmp/before --lib build/native/lib
@@ -35,9 +38,10 @@ Usage:
 
 Each build directory needs bin/bench_runtime (scripts/build.sh release makes
 it; a native tree: cmake -DKVCAL_NATIVE=ON). The goals are printed where the
-filter covers them and --threads is not given (they are stated for all
-threads, against the two-thread read); with two or more runs per round (builds or libraries) the
-first is compared with the second. Exit status 0 whether or not the goals are
+filter covers them and neither --threads nor --layers is given (they are
+stated for all threads, from memory, against the two-thread read); with two
+or more runs per round (builds or libraries) the first is compared with the
+second. Exit status 0 whether or not the goals are
 met; 2 on a missing binary or library, or a failed run.
 """
 import argparse
@@ -110,17 +114,24 @@ def main():
     ap.add_argument("--rounds", type=int, default=3, help="interleaved rounds (default 3)")
     ap.add_argument("--reps", type=int, default=6, help="repetitions per run, the fastest kept (default 6)")
     ap.add_argument("--threads", type=int, help="OMP_NUM_THREADS for the runs (default: every core)")
+    ap.add_argument("--layers", type=int,
+                    help="copies of the layer the decode cycles through (KVCAL_BENCH_LAYERS; default: enough to fill "
+                         "twice the LLC; 1 times a layer the LLC holds)")
     ap.add_argument("--filter", default=FILTER, help="benchmark filter (default: the goals' cases)")
     ap.add_argument("--json", help="write every round's figures and goals here")
     a = ap.parse_args()
     sys.stdout.reconfigure(line_buffering=True)
     if a.rounds < 1 or a.reps < 1 or (a.threads is not None and a.threads < 1):
         die("--rounds, --reps and --threads must be at least 1")
+    if a.layers is not None and not 1 <= a.layers <= 4096:
+        die("--layers must be in [1, 4096]")
     builds = a.build or ["build/release"]
     for b in builds:
         if not os.access(os.path.join(b, "bin", "bench_runtime"), os.X_OK):
             die(f"no {b}/bin/bench_runtime (build it first: scripts/build.sh release)")
     env = {"OMP_NUM_THREADS": str(a.threads)} if a.threads else {}
+    if a.layers:
+        env["KVCAL_BENCH_LAYERS"] = str(a.layers)
     # The runs of a round: (label, binary, environment).
     runs = [(b, os.path.join(b, "bin", "bench_runtime"), env) for b in builds]
     for lib in a.lib or []:
@@ -141,14 +152,17 @@ def main():
             rounds[label].append(run_once(binary, e, a.filter, a.reps))
     names = sorted(rounds[labels[0]][0], key=lambda n: (n.startswith("streaming"), n))
     threads = f"{a.threads} thread(s)" if a.threads else "all threads"
-    report = {"runs": labels, "rounds": a.rounds, "reps": a.reps, "threads": a.threads, "filter": a.filter,
+    if a.layers:
+        threads += f", {a.layers} cop{'y' if a.layers == 1 else 'ies'} of the layer"
+    report = {"runs": labels, "rounds": a.rounds, "reps": a.reps, "threads": a.threads, "layers": a.layers,
+              "filter": a.filter,
               "figures": {}, "goals": {}}
     for label in labels:
         print(f"\n{label}: fastest of {a.reps}, ms, by round ({threads})")
         for n in names:
             print(f"  {n:28s} " + "  ".join(f"{r[n][0]:8.3f}" for r in rounds[label]))
         report["figures"][label] = {n: [r[n][0] for r in rounds[label]] for n in names}
-        if a.threads or not all(n in names for n in GOAL_NAMES):
+        if a.threads or a.layers or not all(n in names for n in GOAL_NAMES):
             continue
         print(f"\n{label}: the goals, by round")
         per = [goals(r) for r in rounds[label]]
