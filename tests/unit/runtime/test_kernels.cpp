@@ -1087,6 +1087,31 @@ TEST(HexKernels, OnlineSoftmaxPiecesMatchDoubleSoftmax) {
   });
 }
 
+// The running maximum found wherever the row's maximum lies: rows of every
+// length around the vector widths and their multiples (the maximum is kept
+// in four running vectors, then lanes, then a scalar tail), the maximum at
+// each place in turn among lower scores, a few negative rows.
+TEST(HexKernels, OnlineSoftmaxFindsTheMaximumAnywhere) {
+  on_every_target([] {
+    std::mt19937_64 rng(0x6d617872);
+    std::uniform_real_distribution<float> u(-30.0f, 10.0f);
+    for (const i64 n : {1, 3, 4, 5, 8, 15, 16, 17, 31, 32, 33, 63, 64, 65, 127, 128, 129, 255, 256, 257, 300}) {
+      std::vector<float> base(static_cast<std::size_t>(n));
+      for (auto& x : base) x = u(rng);
+      for (i64 at = 0; at < n; ++at) {
+        SCOPED_TRACE("n " + std::to_string(n) + " maximum at " + std::to_string(at));
+        auto r = base;
+        r[static_cast<std::size_t>(at)] = 11.0f + static_cast<float>(at % 3);  // above every other score
+        float m = -std::numeric_limits<float>::infinity(), z = 0.0f;
+        online_softmax_row(r.data(), n, m, z);
+        ASSERT_EQ(m, 11.0f + static_cast<float>(at % 3));
+        ASSERT_GE(z, 1.0f);
+        ASSERT_EQ(r[static_cast<std::size_t>(at)], 1.0f);  // e^0
+      }
+    }
+  });
+}
+
 // The exponential inside softmax_row, seen directly: a row of one 0 (the
 // maximum) and scores x <= -25, whose weights e^x sum to less than half an
 // ulp of 1, so that the sum is exactly 1 and each weight is e^x as computed.

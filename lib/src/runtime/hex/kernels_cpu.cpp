@@ -111,10 +111,19 @@ HWY_INLINE hn::Vec<D> ExpNonPositive(D d, hn::Vec<D> x) {
 HWY_INLINE float MaxRow(const float* r, std::int64_t n) {
   const DF d;
   const auto N = static_cast<std::int64_t>(hn::Lanes(d));
-  auto mv = hn::Set(d, -std::numeric_limits<float>::infinity());
+  // Four running maxima: one would wait on each MAXPS's latency (4 cycles
+  // a vector on x86). bench_kernels softmax (a 32K row, one thread, Intel
+  // Xeon guest): 17.5 -> 16.8-16.9 us.
+  auto m0 = hn::Set(d, -std::numeric_limits<float>::infinity()), m1 = m0, m2 = m0, m3 = m0;
   std::int64_t i = 0;
-  for (; i + N <= n; i += N) mv = hn::Max(mv, hn::LoadU(d, r + i));
-  float m = hn::GetLane(hn::MaxOfLanes(d, mv));
+  for (; i + 4 * N <= n; i += 4 * N) {
+    m0 = hn::Max(m0, hn::LoadU(d, r + i));
+    m1 = hn::Max(m1, hn::LoadU(d, r + i + N));
+    m2 = hn::Max(m2, hn::LoadU(d, r + i + 2 * N));
+    m3 = hn::Max(m3, hn::LoadU(d, r + i + 3 * N));
+  }
+  for (; i + N <= n; i += N) m0 = hn::Max(m0, hn::LoadU(d, r + i));
+  float m = hn::GetLane(hn::MaxOfLanes(d, hn::Max(hn::Max(m0, m1), hn::Max(m2, m3))));
   for (; i < n; ++i) m = std::max(m, r[i]);
   return m;
 }
