@@ -25,6 +25,7 @@
 #include <benchmark/benchmark.h>
 
 #include <algorithm>
+#include <cctype>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -111,22 +112,25 @@ std::int64_t llc_bytes() {
 
 // KVCAL_BENCH_LAYERS=N: decode/ cycles through N copies of the layer
 // instead (N = 1 times the layer where the LLC holds it: the decode's compute
-// and cache traffic without memory's); 0 when unset. Exits on a bad value.
+// and cache traffic without memory's); 0 when unset. Read once, before any
+// benchmark runs (register_all); a bad value is one error line and exit 2.
 std::int64_t layers_from_env() {
   const char* env = std::getenv("KVCAL_BENCH_LAYERS");
   if (!env || !*env) return 0;
   char* end = nullptr;
-  const long long n = std::strtoll(env, &end, 10);
-  if (*end != '\0' || n < 1 || n > 4096) {
+  const long long n = std::isdigit(static_cast<unsigned char>(*env)) ? std::strtoll(env, &end, 10) : 0;
+  if (!end || *end != '\0' || n < 1 || n > 4096) {
     std::fprintf(stderr, "error: KVCAL_BENCH_LAYERS=%s is not a layer count in [1, 4096]\n", env);
     std::exit(2);
   }
   return n;
 }
+std::int64_t wanted_layers = 0;  // layers_from_env(), set by register_all
 
 // The layer caches a decode benchmark cycles through: one for caches that fit
-// L2 by design (decode_l2), else enough copies to fill twice the LLC. Only the
-// latest method's full-size copies are kept (a few GB on a large-LLC host).
+// L2 by design (decode_l2), else enough copies to fill twice the LLC, or
+// KVCAL_BENCH_LAYERS copies. Only the latest method's full-size copies are
+// kept (a few GB on a large-LLC host).
 const std::vector<std::unique_ptr<rt::HexLayerCache>>& cached(const std::string& method, std::int64_t tokens) {
   using Layers = std::vector<std::unique_ptr<rt::HexLayerCache>>;
   static std::map<std::string, Layers> hot;
@@ -140,8 +144,10 @@ const std::vector<std::unique_ptr<rt::HexLayerCache>>& cached(const std::string&
   if (slot.empty()) {
     slot.push_back(std::make_unique<rt::HexLayerCache>(make_cache(method, tokens)));
     const auto bytes = static_cast<std::int64_t>(slot[0]->bytes());
-    const std::int64_t want = layers_from_env();
-    const std::int64_t n = fits_l2 ? 1 : want > 0 ? want : std::max<std::int64_t>(1, (2 * llc_bytes() + bytes - 1) / bytes);
+    const std::int64_t want = wanted_layers;
+    const std::int64_t n = fits_l2    ? 1
+                           : want > 0 ? want
+                                      : std::max<std::int64_t>(1, (2 * llc_bytes() + bytes - 1) / bytes);
     slot.resize(static_cast<std::size_t>(n));
 #pragma omp parallel for schedule(dynamic)  // ~0.8 s apiece; hex2@int8 takes 22 on a 260 MB L3
     for (std::int64_t i = 1; i < n; ++i) slot[i] = std::make_unique<rt::HexLayerCache>(make_cache(method, tokens));
@@ -201,6 +207,7 @@ void streaming_read(benchmark::State& state) {
 }
 
 int register_all() {
+  wanted_layers = layers_from_env();
   // The SIMD target the kernels run on (dispatched at run time).
   kvcal::bench::force_target_from_env();
   benchmark::AddCustomContext("simd_target", rt::simd_target());

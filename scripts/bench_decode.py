@@ -132,6 +132,8 @@ def main():
     env = {"OMP_NUM_THREADS": str(a.threads)} if a.threads else {}
     if a.layers:
         env["KVCAL_BENCH_LAYERS"] = str(a.layers)
+    elif os.environ.pop("KVCAL_BENCH_LAYERS", None) is not None:  # run_once passes os.environ on
+        print("bench_decode: KVCAL_BENCH_LAYERS in the environment ignored (--layers sets it)", file=sys.stderr)
     # The runs of a round: (label, binary, environment).
     runs = [(b, os.path.join(b, "bin", "bench_runtime"), env) for b in builds]
     for lib in a.lib or []:
