@@ -1090,14 +1090,15 @@ TEST(HexKernels, OnlineSoftmaxPiecesMatchDoubleSoftmax) {
 // The running maximum found wherever the row's maximum lies: rows of every
 // length around the vector widths and their multiples (the maximum is kept
 // in four running vectors, then lanes, then a scalar tail), the maximum at
-// each place in turn among lower scores, a few negative rows.
+// each place in turn among lower scores; past the row's end, larger scores
+// that a wrong bound would pick up.
 TEST(HexKernels, OnlineSoftmaxFindsTheMaximumAnywhere) {
   on_every_target([] {
     std::mt19937_64 rng(0x6d617872);
     std::uniform_real_distribution<float> u(-30.0f, 10.0f);
     for (const i64 n : {1, 3, 4, 5, 8, 15, 16, 17, 31, 32, 33, 63, 64, 65, 127, 128, 129, 255, 256, 257, 300}) {
-      std::vector<float> base(static_cast<std::size_t>(n));
-      for (auto& x : base) x = u(rng);
+      std::vector<float> base(static_cast<std::size_t>(n + 64), 100.0f);  // the tail: 100 past the row
+      for (i64 i = 0; i < n; ++i) base[static_cast<std::size_t>(i)] = u(rng);
       for (i64 at = 0; at < n; ++at) {
         SCOPED_TRACE("n " + std::to_string(n) + " maximum at " + std::to_string(at));
         auto r = base;

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstddef>
+#include <cstdint>
 #include <cstring>
 #include <exception>
 #include <limits>
@@ -186,12 +187,16 @@ class BlockStore {
 void request_kept_rows(const HexBlockView& b) {
   if (b.bits == 0 || b.kept_rows == 0) return;
   const std::int64_t bytes = std::int64_t{b.kept_rows} * b.head_dim * static_cast<std::int64_t>(sizeof(half_bits));
-  const auto* k = reinterpret_cast<const char*>(b.k_kept);
-  const auto* v = reinterpret_cast<const char*>(b.v_kept);
-  for (std::int64_t o = 0; o < bytes; o += 64) {
-    __builtin_prefetch(k + o, 0, 1);
-    __builtin_prefetch(v + o, 0, 1);
-  }
+  // From the line holding each side's first byte (the rows need not start
+  // on one) through the line holding its last.
+  const auto lines = [bytes](const half_bits* p) {
+    const auto at = reinterpret_cast<std::uintptr_t>(p);
+    const std::uintptr_t first = at & ~std::uintptr_t{63}, end = at + static_cast<std::uintptr_t>(bytes);
+    for (std::uintptr_t line = first; line < end; line += 64)
+      __builtin_prefetch(reinterpret_cast<const void*>(line), 0, 1);
+  };
+  lines(b.k_kept);
+  lines(b.v_kept);
 }
 
 }  // namespace
