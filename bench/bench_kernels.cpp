@@ -6,6 +6,12 @@
 //    code_scores_int (int14: two limbs, int8: one) for a GQA group.
 //  kernel/accumulate/<dot>/<bits>/<group>: code_accumulate(_int) likewise.
 //  kernel/quantize/<dot>: the fixed-point weights of one query's 128 weights.
+//  kernel/scores_stream/<MiB>/<group>: code_scores_int (int8, 4 bits) over
+//    consecutive blocks of codes, from L2, the L3 or memory (bytes/s: what
+//    the kernel draws by itself).
+//  kernel/key_weights/<group>: a block's key side before its codes are read
+//    (int8): its (delta, min) pairs converted from binary16, key_weights and
+//    quantize_rows for a GQA group.
 //  kernel/widen3: a block's 3-bit rows widened to 4 bits, as the integer
 //    kernels read them where they do not widen them in registers (the
 //    int14 path, GQA groups above 1, and targets without the unrolled
@@ -29,6 +35,7 @@
 #include <vector>
 
 #include "force_target.h"
+#include "kvcal/core/half.h"
 #include "runtime/hex/entries_cpu.h"
 #include "runtime/hex/kernels_cpu.h"
 
@@ -177,6 +184,34 @@ void quantize(benchmark::State& state, const std::string& dot) {
   state.SetItemsProcessed(state.iterations() * kDim);
 }
 
+// The key side of a block ahead of code_scores_int on the int8 path, as
+// block_scores makes it: the 128 key groups' (delta, min) pairs from
+// binary16, the code weights, mins, biases and largest weights per query
+// (key_weights), then the weights in fixed point (quantize_rows). items =
+// weights (channels times queries).
+void key_weights(benchmark::State& state) {
+  const std::int64_t nq = state.range(0);
+  std::mt19937_64 rng(9);
+  std::normal_distribution<float> g(0.0f, 1.0f);
+  std::vector<kvcal::runtime::half_bits> params(2 * kDim);
+  for (auto& p : params) p = kvcal::runtime::float_to_half(g(rng));
+  std::vector<float> q(static_cast<std::size_t>(nq * kDim)), pf(2 * kDim), qd(q.size()), kmin(kDim),
+      bias(static_cast<std::size_t>(nq)), amax(bias.size()), ws(bias.size()), tmp(2 * kDim);
+  for (auto& x : q) x = g(rng);
+  std::vector<std::int8_t> w8(q.size());
+  const d::Slots sl = d::int_slots(4, kDim);
+  for (auto _ : state) {
+    kvcal::fp16::to_floats(params.data(), 2 * kDim, pf.data());
+    d::key_weights(pf.data(), q.data(), nq, kDim, 0.0884f, sl, qd.data(), kmin.data(), bias.data(), amax.data(),
+                   tmp.data());
+    d::quantize_rows(1, qd.data(), nq, kDim, w8.data(), ws.data(), amax.data());
+    benchmark::DoNotOptimize(w8.data());
+    benchmark::DoNotOptimize(kmin.data());
+    benchmark::DoNotOptimize(bias.data());
+  }
+  state.SetItemsProcessed(state.iterations() * nq * kDim);
+}
+
 // Integer scores of one query over a HEX block's rows:
 // kernel/scores_rows/int8/<rows>/<bits>, 94 quantized rows (two kept tokens)
 // against 96; 94 leave 14 rows past the unrolled steps (3 bits: 13 and the
@@ -191,6 +226,30 @@ void scores_rows(benchmark::State& state) {
     benchmark::DoNotOptimize(out.data());
   }
   state.SetItemsProcessed(state.iterations() * rows * kDim);
+}
+
+// code_scores_int (int8, 4 bits) over consecutive blocks of 94 rows whose
+// codes lie 1.5 KiB apart, as in a head's key stream (where each block's
+// parameters and expander entries lie between its codes and the next
+// block's): kernel/scores_stream/<MiB>/<group> over range(0) MiB of codes,
+// which stay in L2 (1), in the L3 (32 on a large-L3 host) or come from
+// memory (512). bytes = codes read: what the kernel draws by itself, against
+// bench_runtime's streaming_read/1.
+void scores_stream(benchmark::State& state) {
+  const std::int64_t mib = state.range(0), nq = state.range(1), rows = 94, gap = 1536;
+  const std::int64_t rb = kDim / 2, stride = kRows * rb + gap;
+  const std::int64_t blocks = (mib << 20) / stride;
+  std::vector<std::uint8_t> codes(static_cast<std::size_t>(blocks * stride));
+  std::mt19937_64 rng(10);
+  for (auto& c : codes) c = static_cast<std::uint8_t>(rng());
+  std::vector<std::int8_t> w8(static_cast<std::size_t>(nq * kDim), 3);
+  std::vector<std::int32_t> out(static_cast<std::size_t>(nq * kRows));
+  for (auto _ : state) {
+    for (std::int64_t b = 0; b < blocks; ++b)
+      d::code_scores_int(codes.data() + b * stride, rows, rb, 4, kDim, 1, w8.data(), nq, kDim, out.data(), kRows);
+    benchmark::DoNotOptimize(out.data());
+  }
+  state.SetBytesProcessed(state.iterations() * blocks * rows * rb);
 }
 
 // The expander entries of a HEX block (96 tokens, 4 entries each, the two
@@ -281,6 +340,8 @@ int register_all() {
     }
     if (s != "float32") benchmark::RegisterBenchmark(("kernel/quantize/" + s).c_str(), quantize, s);
   }
+  benchmark::RegisterBenchmark("kernel/scores_stream", scores_stream)->ArgsProduct({{1, 32, 512}, {1, 4}});
+  benchmark::RegisterBenchmark("kernel/key_weights", key_weights)->Arg(1)->Arg(4);
   benchmark::RegisterBenchmark("kernel/scores_rows/int8", scores_rows)->ArgsProduct({{94, 96}, {4, 3}});
   benchmark::RegisterBenchmark("kernel/entry_diffs", entry_diffs)->Arg(128)->Arg(129);
   benchmark::RegisterBenchmark("kernel/run_entries", run_entries, 3)->Arg(1)->Arg(4);
