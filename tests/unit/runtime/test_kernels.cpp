@@ -17,6 +17,7 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <map>
 #include <random>
 #include <string>
 #include <vector>
@@ -1130,12 +1131,32 @@ TEST(HexKernels, SoftmaxExponentialWithinOneUlp) {
     xs.push_back(x);
   }
   for (const float x : {-87.3365f, -87.33654f, -87.3366f, -87.4f, -103.0f, -104.5f, -200.0f}) xs.push_back(x);
+  // And every float from ln(FLT_MIN) up for 20000 ulps, where y 2^n may be
+  // subnormal before the cut-off makes it 0.
+  const float lo = -87.33654f;
+  std::memcpy(&bits, &lo, sizeof bits);
+  for (int k = 0; k < 20000; ++k, --bits) {
+    float x;
+    std::memcpy(&x, &bits, sizeof x);
+    xs.push_back(x);
+  }
+  // Rows of 1024 (whole vectors on every target: a row's last scores past
+  // them take the scalar exp), the last one filled up with -200.
+  const std::size_t n = 1023;  // weights per row besides the maximum
+  while (xs.size() % n != 0) xs.push_back(-200.0f);
+  // The x86-64 targets with FMA (AVX2, AVX-512) make the same weights bit for
+  // bit (the AVX-512 ones scale by 2^n with VSCALEFPS, AVX2 through the
+  // exponent bits).
+  std::map<std::string, std::vector<float>> fma_weights;
   on_every_target([&] {
-    const std::size_t n = 1023;  // weights per row besides the maximum
+    const std::string name = kernel_target();
+    const bool fma_x86 = name == "AVX2" || name.rfind("AVX3", 0) == 0;
+    const std::string target = name + (avx_vnni_active() ? " with AVX-VNNI" : "");
     for (std::size_t at = 0; at < xs.size(); at += n) {
       std::vector<float> r{0.0f};
       for (std::size_t i = at; i < std::min(xs.size(), at + n); ++i) r.push_back(xs[i]);
       softmax_row(r.data(), static_cast<i64>(r.size()));
+      if (fma_x86) fma_weights[target].insert(fma_weights[target].end(), r.begin() + 1, r.end());
       ASSERT_EQ(r[0], 1.0f);
       for (std::size_t i = 1; i < r.size(); ++i) {
         const float x = xs[at + i - 1];
@@ -1151,6 +1172,13 @@ TEST(HexKernels, SoftmaxExponentialWithinOneUlp) {
       }
     }
   });
+  for (const auto& [target, w] : fma_weights) {
+    const auto& first = fma_weights.begin()->second;
+    ASSERT_EQ(w.size(), xs.size());
+    for (std::size_t i = 0; i < w.size(); ++i)
+      ASSERT_EQ(bits_of(w[i]), bits_of(first[i]))
+          << target << " against " << fma_weights.begin()->first << ", x " << xs[i];
+  }
 }
 
 TEST(Fp16Bulk, EveryBinary16ValueOnEveryTarget) {
