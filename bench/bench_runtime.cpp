@@ -144,10 +144,9 @@ const std::vector<std::unique_ptr<rt::HexLayerCache>>& cached(const std::string&
   if (slot.empty()) {
     slot.push_back(std::make_unique<rt::HexLayerCache>(make_cache(method, tokens)));
     const auto bytes = static_cast<std::int64_t>(slot[0]->bytes());
-    const std::int64_t want = wanted_layers;
-    const std::int64_t n = fits_l2    ? 1
-                           : want > 0 ? want
-                                      : std::max<std::int64_t>(1, (2 * llc_bytes() + bytes - 1) / bytes);
+    const std::int64_t n = fits_l2             ? 1
+                           : wanted_layers > 0 ? wanted_layers
+                                               : std::max<std::int64_t>(1, (2 * llc_bytes() + bytes - 1) / bytes);
     slot.resize(static_cast<std::size_t>(n));
 #pragma omp parallel for schedule(dynamic)  // ~0.8 s apiece; hex2@int8 takes 22 on a 260 MB L3
     for (std::int64_t i = 1; i < n; ++i) slot[i] = std::make_unique<rt::HexLayerCache>(make_cache(method, tokens));
