@@ -352,7 +352,7 @@ TEST(HexKernels, FusedRunKernelsMatchReference) {
     for (const i64 tokens : {0, 1, 3, 4, 7, 8, 16, 17, 31, 33, 96})
       for (int pattern = 0; pattern < 5; ++pattern)
         for (const i64 grp : {1, 2, 3, 4, 5})
-          for (const i64 nq : {i64{1}, i64{3}, i64{4}, kRunQueries, kRunQueries + 1}) {
+          for (const i64 nq : {i64{1}, i64{2}, i64{3}, i64{4}, kRunQueries, kRunQueries + 1}) {
             if (pattern == 4 && grp != 4) continue;
             const std::vector<std::uint16_t> kept = kept_of(pattern, tokens);
             const i64 nk = static_cast<i64>(kept.size()), n = tokens - nk;  // n quantized rows

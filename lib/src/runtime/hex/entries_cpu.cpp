@@ -444,47 +444,132 @@ HWY_INLINE void Runs(const std::uint16_t* HWY_RESTRICT kept, std::int64_t nk, st
 
 #if KVCAL_TABLE128
 // The quantized tokens of a block in whole vectors of 16 tokens on AVX-512,
-// across its kept tokens: f(t, r, m, full, lo, hi) for tokens [t, t + 16),
-// r the quantized row of the first lane of m, the lanes of quantized tokens
-// (kept tokens and those past the block clear), lo/hi their kG (2 or 4)
-// entries as EntryPairs takes them, expanded from consecutive rows (0 in
-// clear lanes). The runs' overlapping last vectors (7 vectors for a block
-// of 96 tokens with two kept, and a call per run) are gone: see KeyRunScores.
+// across its kept tokens, one vector per next(f): f(t, r, m, full, lo, hi)
+// for tokens [t, t + 16), r the quantized row of the first lane of m, the
+// lanes of quantized tokens (kept tokens and those past the block clear),
+// lo/hi their kG (2 or 4) entries as EntryPairs takes them, expanded from
+// consecutive rows (0 in clear lanes); false once no vector is left. The
+// runs' overlapping last vectors (7 vectors for a block of 96 tokens with
+// two kept, and a call per run) are gone: see KeyRunScores.
 // full (std::true_type when m has every lane, std::false_type otherwise)
 // lets f load its per-row arrays with plain loads where no lane is clear:
 // most vectors of a block, as few tokens are kept. An expanding load from
 // memory costs about 6 cycles of throughput on Zen 4 against 2 for a plain
 // one (a loop of 16-lane loads: 1.9 against 0.55 ns a vector), and the two
 // passes made 7 (one query) to 10 (four) of them per vector of 16 tokens.
+template <int kG>
+struct ExpandedCursor {
+  static_assert(kG == 2 || kG == 4, "a token's entries in one 32- or 64-bit lane");
+  const half_bits* HWY_RESTRICT x;
+  const std::uint16_t* HWY_RESTRICT kept;
+  std::int64_t nk, tokens;
+  std::int64_t t = 0, k = 0, r = 0;
+  template <class F>
+  HWY_INLINE bool next(F&& f) {
+    for (; t < tokens; t += 16) {
+      std::uint32_t m = tokens - t >= 16 ? 0xffffu : (1u << (tokens - t)) - 1u;
+      for (; k < nk && kept[k] < t + 16; ++k) m &= ~(1u << (kept[k] - t));
+      if (m == 0) continue;
+      const std::int64_t t0 = t, r0 = r;
+      t += 16;
+      if (m == 0xffffu) {
+        const __m512i lo = _mm512_loadu_si512(x + r0 * kG);
+        const __m512i hi = kG == 4 ? _mm512_loadu_si512(x + r0 * kG + 32) : _mm512_setzero_si512();
+        r += 16;
+        f(t0, r0, static_cast<__mmask16>(0xffffu), std::true_type{}, lo, hi);  // a constant mask: plain moves
+        return true;
+      }
+      __m512i lo, hi;
+      if constexpr (kG == 4) {
+        const auto m0 = static_cast<__mmask8>(m & 0xffu), m1 = static_cast<__mmask8>(m >> 8);
+        lo = _mm512_maskz_expandloadu_epi64(m0, x + r0 * 4);
+        hi = _mm512_maskz_expandloadu_epi64(m1, x + (r0 + __builtin_popcount(m0)) * 4);
+      } else {
+        lo = _mm512_maskz_expandloadu_epi32(static_cast<__mmask16>(m), x + r0 * 2);
+        hi = _mm512_setzero_si512();
+      }
+      r += __builtin_popcount(m);
+      f(t0, r0, static_cast<__mmask16>(m), std::false_type{}, lo, hi);
+      return true;
+    }
+    return false;
+  }
+};
 template <int kG, class F>
 HWY_INLINE void ExpandedVectors(const half_bits* HWY_RESTRICT x, const std::uint16_t* HWY_RESTRICT kept,
                                 std::int64_t nk, std::int64_t tokens, F f) {
-  static_assert(kG == 2 || kG == 4, "a token's entries in one 32- or 64-bit lane");
-  std::int64_t k = 0, r = 0;
-  for (std::int64_t t = 0; t < tokens; t += 16) {
-    std::uint32_t m = tokens - t >= 16 ? 0xffffu : (1u << (tokens - t)) - 1u;
-    for (; k < nk && kept[k] < t + 16; ++k) m &= ~(1u << (kept[k] - t));
-    if (m == 0) continue;
-    if (m == 0xffffu) {
-      const __m512i lo = _mm512_loadu_si512(x + r * kG);
-      const __m512i hi = kG == 4 ? _mm512_loadu_si512(x + r * kG + 32) : _mm512_setzero_si512();
-      f(t, r, static_cast<__mmask16>(0xffffu), std::true_type{}, lo, hi);  // a constant mask: plain moves
-      r += 16;
-      continue;
-    }
-    __m512i lo, hi;
-    if constexpr (kG == 4) {
-      const auto m0 = static_cast<__mmask8>(m & 0xffu), m1 = static_cast<__mmask8>(m >> 8);
-      lo = _mm512_maskz_expandloadu_epi64(m0, x + r * 4);
-      hi = _mm512_maskz_expandloadu_epi64(m1, x + (r + __builtin_popcount(m0)) * 4);
-    } else {
-      lo = _mm512_maskz_expandloadu_epi32(static_cast<__mmask16>(m), x + r * 2);
-      hi = _mm512_setzero_si512();
-    }
-    f(t, r, static_cast<__mmask16>(m), std::false_type{}, lo, hi);
-    r += __builtin_popcount(m);
+  for (ExpandedCursor<kG> c{x, kept, nk, tokens}; c.next(f);) {
   }
 }
+#endif
+
+#if KVCAL_TABLE128
+// KeyRunScores' path on AVX-512 for 2 or 4 entries a token (see
+// key_run_scores): whole vectors across the kept tokens, masked loads and
+// stores per token, expanded loads per quantized row; one vector of 16
+// tokens, every query, per next(). In this form (the walk's state and the
+// job's fields in a struct, against lambdas over the function's locals and
+// a loop with the walk inside) the same operations took 20% less time:
+// bench_kernels run_entries/keys on a 2-vCPU Intel Xeon guest (AVX3_DL),
+// 3 interleaved runs of 5, group 1 114-117 -> 97 ns, group 4 171-173 ->
+// 136-141 ns.
+template <int kG, class Lookup>
+struct KeyRunPass {
+  const KeyRunJob& job;
+  Lookup lookup;
+  ExpandedCursor<kG> cursor;
+  KeyRunPass(const KeyRunJob& j, const Lookup& l) : job(j), lookup(l), cursor{j.x, j.kept, j.nk, j.tokens} {}
+  // The next vector with quantized tokens; false once the block is done.
+  HWY_INLINE bool next() {
+    return cursor.next(
+        [&](std::int64_t t, std::int64_t r, __mmask16 m, auto full, __m512i lo, __m512i hi) KVCAL_ENTRY_INLINE {
+          const DF d;
+          const auto queries = [&](auto... diff) KVCAL_ENTRY_INLINE {
+            for (std::int64_t j = 0; j < job.nq; ++j) {
+              __m512 c;
+              if constexpr (decltype(full)::value)
+                c = job.qi ? _mm512_cvtepi32_ps(_mm512_loadu_si512(job.qi + j * job.cs + r))
+                           : _mm512_loadu_ps(job.qf + j * job.cs + r);
+              else
+                c = job.qi ? _mm512_cvtepi32_ps(_mm512_maskz_expandloadu_epi32(m, job.qi + j * job.cs + r))
+                           : _mm512_maskz_expandloadu_ps(m, job.qf + j * job.cs + r);
+              const auto code = job.qi ? hn::Mul(hn::Set(d, job.w[j]), hn::Vec<DF>{c}) : hn::Vec<DF>{c};
+              auto s = hn::Add(hn::Set(d, job.bias[j]), code);
+              const float* aj = job.a + j * kG * job.as + t;
+              std::int64_t e = 0;
+              ((s = hn::MulAdd(hn::Vec<DF>{_mm512_maskz_loadu_ps(m, aj + (e++) * job.as)}, diff, s)), ...);
+              _mm512_mask_storeu_ps(job.out + j * job.os + t, m, s.raw);
+            }
+          };
+          if constexpr (std::is_same_v<std::decay_t<decltype(lookup)>, HalfTable128>) {
+            // The mins of the vector's entries as halves, by entry pair
+            // (idx16: entries 2p and 2p + 1 of the 16 tokens in one register).
+            const auto pair = [&](int p) {
+              return lookup(_mm512_loadu_si512(job.idx16 + t * kG + 32 * static_cast<std::int64_t>(p)));
+            };
+            EntryPairs<kG>(lo, hi, [&](auto... xv) KVCAL_ENTRY_INLINE {
+              const __m512i m0 = pair(0), m1 = kG == 4 ? pair(1) : m0;
+              const hn::Vec<DF> mins[4] = {hn::Vec<DF>{_mm512_cvtph_ps(_mm512_castsi512_si256(m0))},
+                                           hn::Vec<DF>{_mm512_cvtph_ps(_mm512_extracti64x4_epi64(m0, 1))},
+                                           hn::Vec<DF>{_mm512_cvtph_ps(_mm512_castsi512_si256(m1))},
+                                           hn::Vec<DF>{_mm512_cvtph_ps(_mm512_extracti64x4_epi64(m1, 1))}};
+              [&]<std::size_t... kE>(std::index_sequence<kE...>) KVCAL_ENTRY_INLINE {
+                queries(hn::Sub(xv, mins[kE])...);
+              }
+              (std::make_index_sequence<kG>());
+            });
+          } else {
+            EntryPairs<kG>(lo, hi, [&](auto... xv) KVCAL_ENTRY_INLINE {
+              [&]<std::size_t... kE>(std::index_sequence<kE...>) KVCAL_ENTRY_INLINE {
+                queries(hn::Sub(xv, lookup(d, hn::Vec<hn::RebindToSigned<DF>>{_mm512_maskz_loadu_epi32(
+                                                  m, job.idx + static_cast<std::int64_t>(kE) * job.is + t)}))...);
+              }
+              (std::make_index_sequence<kG>());
+            });
+          }
+        });
+  }
+};
 #endif
 
 // The key side of a block's quantized tokens, for nq queries at once (token
@@ -501,13 +586,20 @@ HWY_INLINE void ExpandedVectors(const half_bits* HWY_RESTRICT x, const std::uint
 // overlapping last vectors (bench_kernels run_entries on a Zen 5 host, group
 // 1 / 4, ns: a call per run 150 / 260, runs walked here 121 / 238, whole
 // vectors across the kept tokens on AVX-512 (ExpandedVectors) 104 / 203).
-HWY_FLATTEN void KeyRunScores(const float* HWY_RESTRICT b, std::int64_t b_size, const std::int32_t* HWY_RESTRICT idx,
-                              std::int64_t is, const std::uint16_t* HWY_RESTRICT idx16, const half_bits* HWY_RESTRICT x,
-                              const std::uint16_t* HWY_RESTRICT kept, std::int64_t nk, std::int64_t tokens,
-                              std::int64_t g, std::int64_t nq, const float* HWY_RESTRICT bias,
-                              const float* HWY_RESTRICT w, const std::int32_t* HWY_RESTRICT qi,
-                              const float* HWY_RESTRICT qf, std::int64_t cs, const float* HWY_RESTRICT a,
-                              std::int64_t as, float* HWY_RESTRICT out, std::int64_t os) {
+HWY_FLATTEN void KeyRunScores(const KeyRunJob& job) {
+  const float* HWY_RESTRICT b = job.b;
+  const std::int32_t* HWY_RESTRICT idx = job.idx;
+  const half_bits* HWY_RESTRICT x = job.x;
+  const std::uint16_t* HWY_RESTRICT kept = job.kept;
+  const float* HWY_RESTRICT bias = job.bias;
+  const float* HWY_RESTRICT w = job.w;
+  const std::int32_t* HWY_RESTRICT qi = job.qi;
+  const float* HWY_RESTRICT qf = job.qf;
+  const float* HWY_RESTRICT a = job.a;
+  float* HWY_RESTRICT out = job.out;
+  const std::int64_t b_size = job.b_size, is = job.is, nk = job.nk, tokens = job.tokens, g = job.g, nq = job.nq,
+                     cs = job.cs, as = job.as, os = job.os;
+  const std::uint16_t* idx16 = job.idx16;
   // Tokens [t0 + from, t0 + n) of the run at t0 (quantized row qr0), one by one.
   const auto scalar = [&](std::int64_t t0, std::int64_t n, std::int64_t qr0, std::int64_t from) {
     for (std::int64_t j = 0; j < nq; ++j)
@@ -552,57 +644,10 @@ HWY_FLATTEN void KeyRunScores(const float* HWY_RESTRICT b, std::int64_t b_size, 
     });
   };
 #if KVCAL_TABLE128
-  // Whole vectors across the kept tokens: masked loads and stores per
-  // token, expanded loads per quantized row.
+  // Whole vectors across the kept tokens (KeyRunPass).
   const auto expanded = [&](auto kg, const auto& lookup) KVCAL_ENTRY_INLINE {
-    constexpr int kG = decltype(kg)::value;
-    ExpandedVectors<kG>(
-        x, kept, nk, tokens,
-        [&](std::int64_t t, std::int64_t r, __mmask16 m, auto full, __m512i lo, __m512i hi) KVCAL_ENTRY_INLINE {
-          const DF d;
-          const auto queries = [&](auto... diff) KVCAL_ENTRY_INLINE {
-            for (std::int64_t j = 0; j < nq; ++j) {
-              __m512 c;
-              if constexpr (decltype(full)::value)
-                c = qi ? _mm512_cvtepi32_ps(_mm512_loadu_si512(qi + j * cs + r)) : _mm512_loadu_ps(qf + j * cs + r);
-              else
-                c = qi ? _mm512_cvtepi32_ps(_mm512_maskz_expandloadu_epi32(m, qi + j * cs + r))
-                       : _mm512_maskz_expandloadu_ps(m, qf + j * cs + r);
-              const auto code = qi ? hn::Mul(hn::Set(d, w[j]), hn::Vec<DF>{c}) : hn::Vec<DF>{c};
-              auto s = hn::Add(hn::Set(d, bias[j]), code);
-              const float* aj = a + j * kG * as + t;
-              std::int64_t e = 0;
-              ((s = hn::MulAdd(hn::Vec<DF>{_mm512_maskz_loadu_ps(m, aj + (e++) * as)}, diff, s)), ...);
-              _mm512_mask_storeu_ps(out + j * os + t, m, s.raw);
-            }
-          };
-          if constexpr (std::is_same_v<std::decay_t<decltype(lookup)>, HalfTable128>) {
-            // The mins of the vector's entries as halves, by entry pair
-            // (idx16: entries 2p and 2p + 1 of the 16 tokens in one register).
-            const auto pair = [&](int p) {
-              return lookup(_mm512_loadu_si512(idx16 + t * kG + 32 * static_cast<std::int64_t>(p)));
-            };
-            EntryPairs<kG>(lo, hi, [&](auto... xv) KVCAL_ENTRY_INLINE {
-              const __m512i m0 = pair(0), m1 = kG == 4 ? pair(1) : m0;
-              const hn::Vec<DF> mins[4] = {hn::Vec<DF>{_mm512_cvtph_ps(_mm512_castsi512_si256(m0))},
-                                           hn::Vec<DF>{_mm512_cvtph_ps(_mm512_extracti64x4_epi64(m0, 1))},
-                                           hn::Vec<DF>{_mm512_cvtph_ps(_mm512_castsi512_si256(m1))},
-                                           hn::Vec<DF>{_mm512_cvtph_ps(_mm512_extracti64x4_epi64(m1, 1))}};
-              [&]<std::size_t... kE>(std::index_sequence<kE...>) KVCAL_ENTRY_INLINE {
-                queries(hn::Sub(xv, mins[kE])...);
-              }
-              (std::make_index_sequence<kG>());
-            });
-          } else {
-            EntryPairs<kG>(lo, hi, [&](auto... xv) KVCAL_ENTRY_INLINE {
-              [&]<std::size_t... kE>(std::index_sequence<kE...>) KVCAL_ENTRY_INLINE {
-                queries(hn::Sub(xv, lookup(d, hn::Vec<hn::RebindToSigned<DF>>{_mm512_maskz_loadu_epi32(
-                                                  m, idx + static_cast<std::int64_t>(kE) * is + t)}))...);
-              }
-              (std::make_index_sequence<kG>());
-            });
-          }
-        });
+    for (KeyRunPass<decltype(kg)::value, std::decay_t<decltype(lookup)>> pass(job, lookup); pass.next();) {
+    }
   };
 #endif
   WithEntries(g, [&](auto kg) {
@@ -813,10 +858,10 @@ void key_run_scores(const float* b, std::int64_t b_size, const std::int32_t* idx
                     std::int64_t tokens, std::int64_t g, std::int64_t nq, const float* bias, const float* w,
                     const std::int32_t* qi, const float* qf, std::int64_t code_stride, const float* a,
                     std::int64_t a_stride, float* out, std::int64_t out_stride) {
-  HWY_DYNAMIC_DISPATCH(KeyRunScores)
-  (b, b_size, idx, idx_stride, idx16, x, kept, kept_rows, tokens, g, nq, bias, w, qi, qf, code_stride, a, a_stride, out,
-   out_stride);
+  key_run_scores(KeyRunJob{b,  b_size, idx, idx_stride, idx16, x,           kept, kept_rows, tokens, g,
+                           nq, bias,   w,   qi,         qf,    code_stride, a,    a_stride,  out,    out_stride});
 }
+void key_run_scores(const KeyRunJob& job) { HWY_DYNAMIC_DISPATCH(KeyRunScores)(job); }
 void entry_channels16(const std::int32_t* idx, std::int64_t idx_stride, std::int64_t tokens, std::int64_t g,
                       std::vector<std::uint16_t>& out) {
   const std::int64_t vectors = (tokens + 15) / 16;
