@@ -503,7 +503,7 @@ HWY_INLINE void ExpandedVectors(const half_bits* HWY_RESTRICT x, const std::uint
 }
 #endif
 
-#if KVCAL_TABLE128
+#if HWY_TARGET != HWY_SCALAR && KVCAL_TABLE128  // (the macro is left from the pass before on the scalar one)
 // KeyRunScores' path on AVX-512 for 2 or 4 entries a token (see
 // key_run_scores): whole vectors across the kept tokens, masked loads and
 // stores per token, expanded loads per quantized row; one vector of 16
