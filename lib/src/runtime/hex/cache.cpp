@@ -415,6 +415,12 @@ void HexLayerCache::attend_head(const Impl& m, std::int64_t h, const float* q, s
   // whole row, and no buffer of S weights per query unless the caller asks
   // for the probabilities. The output does not depend on whether it does:
   // the same weights are computed either way, in probs or in scratch.
+  // (By then a piece's key side has passed through L1 too: at a group of 4
+  // its scores come back from L2. Still, decode over 32K tokens at hex4@int8
+  // on a 2-vCPU Intel Xeon guest, two threads, 4 interleaved rounds against
+  // 8192: 4096 weights took 2-4% more time at a group of 4, 2048 5-10%
+  // more; 16384 from 4% less to no change at a group of 4 and 1-2% more
+  // with one query, 32768 4-7% more with one query.)
   // The fp16 method (bits 0) takes the whole context as one piece, so that
   // it equals attend_fp16 bit for bit (the reference eval-fidelity measures
   // against: its fp16 row has no error).
