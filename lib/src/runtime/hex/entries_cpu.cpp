@@ -33,6 +33,16 @@ namespace kvcal::runtime::detail {
 namespace HWY_NAMESPACE {
 namespace hn = hwy::HWY_NAMESPACE;
 
+// Whether this target holds 128-float tables in AVX-512 registers (Table128,
+// HalfTable128) and walks blocks in whole vectors of 16 tokens: defined
+// afresh on every pass of this file, the scalar one included.
+#undef KVCAL_TABLE128
+#if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3
+#define KVCAL_TABLE128 1
+#else
+#define KVCAL_TABLE128 0
+#endif
+
 #if HWY_TARGET != HWY_SCALAR
 using DF = hn::ScalableTag<float>;
 
@@ -64,8 +74,7 @@ struct Gather {
     return hn::GatherIndex(d, b, idx);
   }
 };
-#if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3
-#define KVCAL_TABLE128 1
+#if KVCAL_TABLE128
 // The same for tables of up to 128 floats, held in eight AVX-512 registers:
 // VPERMT2PS looks up an index's low five bits in a pair of them, bits 5 and
 // 6 pick the pair (nine vector operations for sixteen lanes, against the
@@ -123,8 +132,6 @@ struct HalfTable128 {
     return _mm512_mask_blend_epi16(_mm512_test_epi16_mask(idx, _mm512_set1_epi16(64)), lo, hi);
   }
 };
-#else
-#define KVCAL_TABLE128 0
 #endif
 
 // f(v0, .., v{kG-1}): lane i of v_e is p[i * kG + e].
@@ -503,7 +510,7 @@ HWY_INLINE void ExpandedVectors(const half_bits* HWY_RESTRICT x, const std::uint
 }
 #endif
 
-#if HWY_TARGET != HWY_SCALAR && KVCAL_TABLE128  // (the macro is left from the pass before on the scalar one)
+#if KVCAL_TABLE128
 // KeyRunScores' path on AVX-512 for 2 or 4 entries a token (see
 // key_run_scores): whole vectors across the kept tokens, masked loads and
 // stores per token, expanded loads per quantized row; one vector of 16
@@ -511,8 +518,8 @@ HWY_INLINE void ExpandedVectors(const half_bits* HWY_RESTRICT x, const std::uint
 // job's fields in a struct, against lambdas over the function's locals and
 // a loop with the walk inside) the same operations took 20% less time:
 // bench_kernels run_entries/keys on a 2-vCPU Intel Xeon guest (AVX3_DL),
-// 3 interleaved runs of 5, group 1 114-117 -> 97 ns, group 4 171-173 ->
-// 136-141 ns.
+// interleaved runs of 5, group 1 114-117 -> 96-99 ns, group 4 168-173 ->
+// 134-141 ns.
 template <int kG, class Lookup>
 struct KeyRunPass {
   const KeyRunJob& job;
@@ -858,10 +865,10 @@ void key_run_scores(const float* b, std::int64_t b_size, const std::int32_t* idx
                     std::int64_t tokens, std::int64_t g, std::int64_t nq, const float* bias, const float* w,
                     const std::int32_t* qi, const float* qf, std::int64_t code_stride, const float* a,
                     std::int64_t a_stride, float* out, std::int64_t out_stride) {
-  key_run_scores(KeyRunJob{b,  b_size, idx, idx_stride, idx16, x,           kept, kept_rows, tokens, g,
-                           nq, bias,   w,   qi,         qf,    code_stride, a,    a_stride,  out,    out_stride});
+  HWY_DYNAMIC_DISPATCH(KeyRunScores)
+  (KeyRunJob{b,  b_size, idx, idx_stride, idx16, x,           kept, kept_rows, tokens, g,
+             nq, bias,   w,   qi,         qf,    code_stride, a,    a_stride,  out,    out_stride});
 }
-void key_run_scores(const KeyRunJob& job) { HWY_DYNAMIC_DISPATCH(KeyRunScores)(job); }
 void entry_channels16(const std::int32_t* idx, std::int64_t idx_stride, std::int64_t tokens, std::int64_t g,
                       std::vector<std::uint16_t>& out) {
   const std::int64_t vectors = (tokens + 15) / 16;

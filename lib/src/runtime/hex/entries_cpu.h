@@ -65,7 +65,8 @@ void key_run_scores(const float* b, std::int64_t b_size, const std::int32_t* idx
                     std::int64_t tokens, std::int64_t g, std::int64_t nq, const float* bias, const float* w,
                     const std::int32_t* qi, const float* qf, std::int64_t code_stride, const float* a,
                     std::int64_t a_stride, float* out, std::int64_t out_stride);
-// The same arguments as one job, in the order above.
+// The same arguments as one job, in the order above (the form the
+// per-target kernels take them in).
 struct KeyRunJob {
   const float* b;
   std::int64_t b_size;
@@ -85,7 +86,6 @@ struct KeyRunJob {
   float* out;
   std::int64_t os;
 };
-void key_run_scores(const KeyRunJob& job);
 // The mask indices idx (entry-major, idx_stride apart; below 65536) per
 // vector of 16 tokens: out[(v * g + e) * 16 + k] = idx[e * idx_stride + 16 v
 // + k] for tokens 16 v + k < tokens, 0 past them.
