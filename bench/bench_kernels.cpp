@@ -84,6 +84,26 @@ void scores(benchmark::State& state, const std::string& dot) {
   state.SetItemsProcessed(state.iterations() * kRows * kDim * group);
 }
 
+// The integer scores over key tiles (the layer cache's key layout with an
+// integer dot): kernel/scores_tiles/<dot>/<bits>/<group>/<rows>, 96 rows (six
+// whole tiles, as kernel/scores) or 94 (a HEX block's two kept tokens: five
+// tiles and 14 rows after them, read by the row kernels).
+void scores_tiles(benchmark::State& state, const std::string& dot) {
+  const int bits = static_cast<int>(state.range(0));
+  const std::int64_t group = state.range(1), rows = state.range(2);
+  const int limbs = limbs_of(dot);
+  Inputs in(bits, group, kDim, limbs);
+  std::vector<std::uint8_t> tiles(in.codes.size());
+  d::rows_to_key_tiles(in.codes.data(), rows, in.row_bytes, bits, tiles.data());
+  std::vector<std::int32_t> out(static_cast<std::size_t>(group * kRows));
+  for (auto _ : state) {
+    d::code_scores_int_tiles(tiles.data(), rows, in.row_bytes, bits, kDim, limbs, in.w8.data(), group, limbs * kDim,
+                             out.data(), kRows);
+    benchmark::DoNotOptimize(out.data());
+  }
+  state.SetItemsProcessed(state.iterations() * rows * kDim * group);
+}
+
 void accumulate(benchmark::State& state, const std::string& dot) {
   const int bits = static_cast<int>(state.range(0));
   const std::int64_t group = state.range(1);
@@ -338,7 +358,11 @@ int register_all() {
       for (const int bits : {4, 3, 2})
         for (const int group : {1, 4}) b->Args({bits, group});
     }
-    if (s != "float32") benchmark::RegisterBenchmark(("kernel/quantize/" + s).c_str(), quantize, s);
+    if (s != "float32") {
+      benchmark::RegisterBenchmark(("kernel/quantize/" + s).c_str(), quantize, s);
+      benchmark::RegisterBenchmark(("kernel/scores_tiles/" + s).c_str(), scores_tiles, s)
+          ->ArgsProduct({{4, 3, 2}, {1, 4}, {96, 94}});
+    }
   }
   benchmark::RegisterBenchmark("kernel/scores_stream", scores_stream)->ArgsProduct({{1, 32, 512}, {1, 4}});
   benchmark::RegisterBenchmark("kernel/key_weights", key_weights)->Arg(1)->Arg(4);

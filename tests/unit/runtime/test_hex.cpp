@@ -71,6 +71,23 @@ struct Dense {
   double at_v(i64 t, i64 c) const { return v[static_cast<std::size_t>(t * dim + c)]; }
 };
 
+// Byte i of quantized row q's key codes, in either layout (HexBlockView::
+// k_tiled: tiles of 16 rows, the last of the n <= 16 left, each row cut into
+// units of 4 bytes, 3 for 3-bit codes, unit g of row rr of the tile from row
+// t0 at t0 * row_bytes + (n g + rr) * unit).
+std::uint8_t key_byte(const HexBlockView& b, i64 q, i64 i) {
+  const i64 rb = b.row_bytes;
+  if (!b.k_tiled) return b.k_codes[q * rb + i];
+  const i64 unit = b.bits == 3 ? 3 : 4, t0 = q / 16 * 16, n = std::min<i64>(16, b.quant_rows() - t0);
+  EXPECT_EQ(rb % unit, 0);
+  return b.k_codes[t0 * rb + (i / unit * n + q % 16) * unit + i % unit];
+}
+std::vector<std::uint8_t> key_row(const HexBlockView& b, i64 q) {
+  std::vector<std::uint8_t> row(static_cast<std::size_t>(b.row_bytes));
+  for (i64 i = 0; i < b.row_bytes; ++i) row[static_cast<std::size_t>(i)] = key_byte(b, q, i);
+  return row;
+}
+
 Dense decode(const HexBlockView& b) {
   Dense d;
   d.tokens = b.tokens;
@@ -109,7 +126,8 @@ Dense decode(const HexBlockView& b) {
   i64 q = 0;
   for (i64 t = 0; t < d.tokens; ++t) {
     if (d.kept[static_cast<std::size_t>(t)]) continue;
-    const std::uint8_t* kr = b.k_codes + q * b.row_bytes;
+    const std::vector<std::uint8_t> krow = key_row(b, q);
+    const std::uint8_t* kr = krow.data();
     const std::uint8_t* vr = b.v_codes + q * b.row_bytes;
     for (i64 c = 0; c < d.dim; ++c) {
       const auto i = static_cast<std::size_t>(t * d.dim + c);
@@ -163,7 +181,7 @@ void expect_same_block(const HexBlockView& a, const HexBlockView& b, const std::
   }
   if (a.bits == 0 || quant == 0) return;
   for (i64 i = 0; i < quant * a.row_bytes; ++i) {
-    EXPECT_EQ(a.k_codes[i], b.k_codes[i]);
+    EXPECT_EQ(key_byte(a, i / a.row_bytes, i % a.row_bytes), key_byte(b, i / a.row_bytes, i % a.row_bytes));
     EXPECT_EQ(a.v_codes[i], b.v_codes[i]);
   }
   for (i64 c = 0; c < d; ++c) {
@@ -508,6 +526,32 @@ void check_block_decode(HexDot dot = HexDot::float32) {
             const float scale = 1.0f / std::sqrt(static_cast<float>(D));
             std::vector<float> scores(static_cast<std::size_t>(nq * ss), 1234.5f);
             hex_block_scores(b, q.data(), nq, qs, scale, scores.data(), ss, dot);
+            if (bits > 0 && b.quant_rows() > 0 && b.row_bytes % (bits == 3 ? 3 : 4) == 0) {
+              // The same block with its keys in tiles (HexBlockView::k_tiled),
+              // tiled here from the layout's definition (key_byte): the same
+              // scores bit for bit, the same keys dequantized.
+              const i64 rb = b.row_bytes, nqr = b.quant_rows();
+              std::vector<std::uint8_t> tiled(static_cast<std::size_t>(nqr * rb));
+              HexBlockView bt = b;
+              bt.k_tiled = true;
+              bt.k_codes = tiled.data();
+              const i64 unit = bits == 3 ? 3 : 4;
+              for (i64 r = 0; r < nqr; ++r) {
+                const i64 t0 = r / 16 * 16, n = std::min<i64>(16, nqr - t0);
+                for (i64 i = 0; i < rb; ++i)
+                  tiled[static_cast<std::size_t>(t0 * rb + (i / unit * n + r % 16) * unit + i % unit)] =
+                      b.k_codes[r * rb + i];
+              }
+              for (i64 r = 0; r < nqr; ++r) ASSERT_EQ(key_row(bt, r), key_row(b, r)) << "row " << r;
+              std::vector<float> st(scores.size(), 1234.5f);
+              hex_block_scores(bt, q.data(), nq, qs, scale, st.data(), ss, dot);
+              ASSERT_EQ(st, scores);
+              std::vector<float> k1(static_cast<std::size_t>(T * D)), v1(k1.size()), k2(k1.size()), v2(k1.size());
+              hex_dequantize_block(b, k1.data(), v1.data());
+              hex_dequantize_block(bt, k2.data(), v2.data());
+              ASSERT_EQ(k1, k2);
+              ASSERT_EQ(v1, v2);
+            }
             const bool fixed = dot != HexDot::float32 && bits > 0 && b.quant_rows() > 0;
             const double levels = dot == HexDot::int8 ? 127 : 8191;
             const double top = bits > 0 ? (1 << bits) - 1 : 0;

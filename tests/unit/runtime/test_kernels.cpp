@@ -696,6 +696,64 @@ TEST(HexKernels, IntegerCodeKernelsEqualReferenceExactly) {
   });
 }
 
+// Key tiles (the layer cache's key layout for the integer score kernels):
+// the layout checked byte by byte against its definition, the round trip
+// exact, and the tiled score kernel equal to the row reference bit for bit on
+// every target, with one limb and two, whole tiles and the rows after them,
+// random codes and the extremes (every code at its maximum, every weight at
+// its limb's limit). Buffers of exactly the codes' size (3-bit tiles are read
+// widened, four bytes for three: the last one must not read past the end).
+TEST(HexKernels, KeyTilesScoreAsRows) {
+  on_every_target([] {
+    std::mt19937_64 rng(0x74696c65);
+    std::uniform_int_distribution<int> byte(0, 255), hi(-64, 63), lo(0, 127), w8(-127, 127);
+    for (const int bits : {2, 3, 4})
+      for (const i64 dim : {32, 64, 128, 256})
+        for (const int limbs : {1, 2})
+          for (const bool extreme : {false, true})
+            for (const i64 rows : {0, 1, 15, 16, 17, 31, 32, 33, 47, 94, 96, 100}) {
+              if (!key_tiles_layout(bits, dim)) continue;
+              SCOPED_TRACE("bits " + std::to_string(bits) + " dim " + std::to_string(dim) + " limbs " +
+                           std::to_string(limbs) + " extreme " + std::to_string(extreme) + " rows " +
+                           std::to_string(rows));
+              const i64 rb = dim * bits / 8, unit = KeyTileUnit(bits);
+              ASSERT_EQ(rb % unit, 0);
+              std::vector<std::uint8_t> codes(static_cast<std::size_t>(rows * rb), 0xff);
+              if (!extreme)
+                for (auto& c : codes) c = static_cast<std::uint8_t>(byte(rng));
+              std::vector<std::uint8_t> tiles(codes.size()), back(codes.size());
+              rows_to_key_tiles(codes.data(), rows, rb, bits, tiles.data());
+              for (i64 r = 0; r < rows; ++r)
+                for (i64 i = 0; i < rb; ++i) {
+                  const i64 t0 = r / 16 * 16, n = std::min<i64>(16, rows - t0);  // the tile's first row, its rows
+                  const i64 at = t0 * rb + (i / unit * n + r % 16) * unit + i % unit;
+                  ASSERT_EQ(tiles[static_cast<std::size_t>(at)], codes[static_cast<std::size_t>(r * rb + i)])
+                      << "row " << r << " byte " << i;
+                }
+              key_tiles_to_rows(tiles.data(), rows, rb, bits, back.data());
+              ASSERT_EQ(back, codes);
+              for (const i64 nq : {1, 2, 3, 4, 5, 6}) {
+                const i64 ws = limbs * dim + 5, os = rows + 3;
+                std::vector<std::int8_t> w(static_cast<std::size_t>(nq * ws), 99);
+                for (i64 j = 0; j < nq; ++j)
+                  for (i64 c = 0; c < dim; ++c) {
+                    std::int8_t* wj = w.data() + j * ws;
+                    if (limbs == 1) {
+                      wj[c] = static_cast<std::int8_t>(extreme ? (j % 2 ? 127 : -127) : w8(rng));
+                    } else {
+                      wj[c] = static_cast<std::int8_t>(extreme ? (j % 2 ? 63 : -64) : hi(rng));
+                      wj[dim + c] = static_cast<std::int8_t>(extreme ? (j % 2 ? 127 : 0) : lo(rng));
+                    }
+                  }
+                std::vector<std::int32_t> out(static_cast<std::size_t>(nq * os), -7), ref(out);
+                code_scores_int_tiles(tiles.data(), rows, rb, bits, dim, limbs, w.data(), nq, ws, out.data(), os);
+                code_scores_int_reference(codes.data(), rows, rb, bits, dim, limbs, w.data(), nq, ws, ref.data(), os);
+                ASSERT_EQ(out, ref) << "nq " << nq;  // past each query's rows: untouched (-7) in both
+              }
+            }
+  });
+}
+
 // Wide 3-bit rows, up to the widest the integer kernels take (dim / 2 =
 // kIntWide3Bytes): their widened copies still fit the kernels' buffers.
 TEST(HexKernels, IntegerCodeKernelsTakeWide3BitRows) {

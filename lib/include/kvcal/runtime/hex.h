@@ -99,6 +99,14 @@ struct HexBlockView {
   const std::int32_t* mask_indices = nullptr;  // the shared mask's columns, [tokens * d1]
   const half_bits* k_sparse = nullptr;         // [quant_rows * d1]
   const half_bits* v_sparse = nullptr;
+  // The key codes' layout: false, rows as above; true, the same bytes in
+  // tiles for the CPU's integer score kernels (HexLayerCache stores its
+  // blocks so where its method's dot is int8 or int14): tiles of 16 rows,
+  // the last of the n <= 16 rows left, each row cut into units of 4 bytes
+  // (2- and 4-bit codes) or 3 bytes (3-bit); unit g of row rr of the tile of
+  // n rows from row t0 at t0 * row_bytes + (n g + rr) * unit. Pages
+  // (hex_paged.h) and the GPU kernels hold rows; hex_page_write takes either.
+  bool k_tiled = false;
 
   KVCAL_HD std::int32_t quant_rows() const { return tokens - kept_rows; }
 };
@@ -118,6 +126,7 @@ struct HexBlock {
   std::vector<QuantParams> k_params, v_params;
   std::vector<half_bits> k_sparse, v_sparse;
   std::shared_ptr<const Mask> mask;  // null without expander entries
+  bool k_tiled = false;              // k_codes in tiles (HexBlockView::k_tiled)
 
   KVCAL_RUNTIME_API HexBlockView view() const;
   std::int64_t bytes() const { return hex_block_bytes(view()); }

@@ -152,6 +152,7 @@ HexBlockView HexBlock::view() const {
   b.mask_indices = mask ? mask->indices.data() : nullptr;
   b.k_sparse = k_sparse.data();
   b.v_sparse = v_sparse.data();
+  b.k_tiled = k_tiled;
   return b;
 }
 
@@ -184,8 +185,27 @@ HexBlock hex_compress_block(const half_bits* k, const half_bits* v, std::int64_t
   return compress_checked_block(k, v, tokens, dim, stride, keep_rows, std::move(mask), bits);
 }
 
+const std::uint8_t* detail::key_rows(const HexBlockView& b, std::vector<std::uint8_t>& buf) {
+  if (!b.k_tiled) return b.k_codes;
+  buf.resize(static_cast<std::size_t>(b.quant_rows()) * static_cast<std::size_t>(b.row_bytes));
+  key_tiles_to_rows(b.k_codes, b.quant_rows(), b.row_bytes, b.bits, buf.data());
+  return buf.data();
+}
+
+void detail::tile_keys(HexBlock& b) {
+  if (b.k_tiled || b.bits == 0 || b.k_codes.empty() || !key_tiles_layout(b.bits, b.head_dim)) return;
+  const std::int64_t row_bytes = packed_bytes(b.head_dim, b.bits);
+  std::vector<std::uint8_t> tiles(b.k_codes.size());
+  rows_to_key_tiles(b.k_codes.data(), static_cast<std::int64_t>(b.k_codes.size()) / row_bytes, row_bytes, b.bits,
+                    tiles.data());
+  b.k_codes.swap(tiles);
+  b.k_tiled = true;
+}
+
 void hex_dequantize_block(const HexBlockView& b, float* k, float* v) {
   const std::int64_t d = b.head_dim;
+  std::vector<std::uint8_t> plain;
+  const std::uint8_t* k_codes = b.bits == 0 ? nullptr : key_rows(b, plain);
   std::int64_t kept = 0, q = 0;
   for (std::int64_t t = 0; t < b.tokens; ++t) {
     float* kr = k + t * d;
@@ -197,7 +217,7 @@ void hex_dequantize_block(const HexBlockView& b, float* k, float* v) {
       continue;
     }
     for (std::int64_t c = 0; c < d; ++c) {
-      kr[c] = dequantize_value(packed_code(b.k_codes + q * b.row_bytes, c, b.bits), b.k_params[c]);
+      kr[c] = dequantize_value(packed_code(k_codes + q * b.row_bytes, c, b.bits), b.k_params[c]);
       vr[c] = dequantize_value(packed_code(b.v_codes + q * b.row_bytes, c, b.bits), b.v_params[q]);
     }
     for (std::int64_t j = 0; j < b.mask_degree; ++j) {
@@ -358,11 +378,15 @@ void detail::block_scores(const HexBlockView& b, const float* q, std::int64_t nq
       std::int32_t* qi_out = Scratch::get(sc.qi, nq * nqr);
       float* ws_out = Scratch::get(sc.ws, nq);
       quantize_rows(limbs, qd, nq, d, w8, ws_out, amax);
-      code_scores_int(b.k_codes, nqr, b.row_bytes, b.bits, d, limbs, w8, nq, limbs * d, qi_out, nqr);
+      if (b.k_tiled)
+        code_scores_int_tiles(b.k_codes, nqr, b.row_bytes, b.bits, d, limbs, w8, nq, limbs * d, qi_out, nqr);
+      else
+        code_scores_int(b.k_codes, nqr, b.row_bytes, b.bits, d, limbs, w8, nq, limbs * d, qi_out, nqr);
       qi = qi_out;
       ws = ws_out;
     } else {
-      code_scores(b.k_codes, nqr, b.row_bytes, b.bits, d, qd, nq, d, qs, nqr);
+      thread_local std::vector<std::uint8_t> plain;  // the rows of tiled keys
+      code_scores(key_rows(b, plain), nqr, b.row_bytes, b.bits, d, qd, nq, d, qs, nqr);
     }
     // The expander's entries (code 0): the stored value x replaces min_c, so
     // a token's score gains sum_e scale q[c_e] (x_e - min[c_e]). Up to

@@ -106,4 +106,11 @@ HexBlock compress_checked_block(const half_bits* k, const half_bits* v, std::int
                                 std::int64_t stride, const std::uint8_t* keep_rows, std::shared_ptr<const Mask> mask,
                                 int bits);
 
+// The block's key codes as rows: b.k_codes, or (k_tiled) their rows
+// rebuilt in buf.
+const std::uint8_t* key_rows(const HexBlockView& b, std::vector<std::uint8_t>& buf);
+// Rearranges b's key codes into key tiles (kernels_cpu.h) where they serve
+// the integer score kernels (key_tiles_layout) and b has quantized rows.
+void tile_keys(HexBlock& b);
+
 }  // namespace kvcal::runtime::detail

@@ -258,7 +258,11 @@ struct HexLayerCache::Impl {
   HexBlock compress(const Head& hd, const std::vector<std::uint8_t>& keep, std::int64_t offset) const {
     const half_bits* k = hd.res_k.data() + offset * dim;
     const half_bits* v = hd.res_v.data() + offset * dim;
-    return compress_checked_block(k, v, opt.block, dim, dim, keep.data(), opt.expander ? mask : nullptr, opt.bits);
+    HexBlock b =
+        compress_checked_block(k, v, opt.block, dim, dim, keep.data(), opt.expander ? mask : nullptr, opt.bits);
+    // The integer score kernels read the keys in tiles (HexBlockView::k_tiled).
+    if (opt.dot != HexDot::float32) tile_keys(b);
+    return b;
   }
 
   // Compresses the full blocks waiting in the residual buffers. Strong

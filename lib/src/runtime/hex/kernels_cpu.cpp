@@ -1776,6 +1776,35 @@ bool int_dot_layout(int bits, std::int64_t dim) {
   return (bits == 2 || bits == 4) && sl.per > 1 && sl.run % 16 == 0;
 }
 
+bool key_tiles_layout(int bits, std::int64_t dim) { return int_dot_layout(bits, dim); }
+
+namespace {
+// Calls f(tile offset, row offset, n) for each unit: n bytes at the first
+// offset in the tile layout, at the second in the rows.
+template <class F>
+void for_each_unit(std::int64_t rows, std::int64_t row_bytes, int bits, F f) {
+  const std::int64_t unit = KeyTileUnit(bits), units = row_bytes / unit;
+  for (std::int64_t t0 = 0; t0 < rows; t0 += kKeyTileRows) {
+    const std::int64_t n = std::min(kKeyTileRows, rows - t0);  // the tile's rows
+    for (std::int64_t rr = 0; rr < n; ++rr)
+      for (std::int64_t g = 0; g < units; ++g)
+        f(t0 * row_bytes + (g * n + rr) * unit, (t0 + rr) * row_bytes + g * unit, unit);
+  }
+}
+}  // namespace
+
+void rows_to_key_tiles(const std::uint8_t* in, std::int64_t rows, std::int64_t row_bytes, int bits, std::uint8_t* out) {
+  for_each_unit(rows, row_bytes, bits, [&](std::int64_t at_tile, std::int64_t at_row, std::int64_t n) {
+    std::memcpy(out + at_tile, in + at_row, static_cast<std::size_t>(n));
+  });
+}
+
+void key_tiles_to_rows(const std::uint8_t* in, std::int64_t rows, std::int64_t row_bytes, int bits, std::uint8_t* out) {
+  for_each_unit(rows, row_bytes, bits, [&](std::int64_t at_tile, std::int64_t at_row, std::int64_t n) {
+    std::memcpy(out + at_row, in + at_tile, static_cast<std::size_t>(n));
+  });
+}
+
 void widen_codes3(const std::uint8_t* codes, std::int64_t rows, std::int64_t dim, std::uint8_t* out) {
   HWY_DYNAMIC_DISPATCH(WidenCodes3To4)(codes, rows * dim / 8, out);
 }

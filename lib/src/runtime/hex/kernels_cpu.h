@@ -131,6 +131,31 @@ void widen_codes3(const std::uint8_t* codes, std::int64_t rows, std::int64_t dim
 void code_scores_int(const std::uint8_t* codes, std::int64_t rows, std::int64_t row_bytes, int bits, std::int64_t dim,
                      int limbs, const std::int8_t* w8, std::int64_t nq, std::int64_t w8_stride, std::int32_t* out,
                      std::int64_t out_stride);
+// Key tiles: the layout of a block's key codes where the cache stores them
+// for the integer score kernels (HexBlockView::k_tiled). The rows go in
+// tiles of kKeyTileRows, the last holding the n <= 16 rows left; each row is
+// cut into units of KeyTileUnit(bits) bytes (four bytes of 2- or 4-bit
+// codes; three bytes, eight codes, of 3-bit ones), and unit g of row rr of
+// the tile of n rows that starts at row t0 lies at byte t0 * row_bytes + (n
+// g + rr) * unit. The same bytes as the rows, rearranged: bytes() is
+// unchanged. A vector of a whole tile's unit column holds one row per 32-bit
+// lane (3-bit units widened to four bytes as they are read), which the score
+// kernel multiplies by broadcast query weights without transposing the rows
+// or reducing across lanes; the last tile's columns are copied into a whole
+// tile's places first.
+inline constexpr std::int64_t kKeyTileRows = 16;
+constexpr std::int64_t KeyTileUnit(int bits) { return bits == 3 ? 3 : 4; }
+// Whether key tiles serve rows of `bits`-bit codes and dim channels (the
+// integer kernels' layout, rows of whole units).
+bool key_tiles_layout(int bits, std::int64_t dim);
+// rows (row-major, row_bytes each) to the tile layout and back; in and out
+// apart, rows * row_bytes bytes each.
+void rows_to_key_tiles(const std::uint8_t* in, std::int64_t rows, std::int64_t row_bytes, int bits, std::uint8_t* out);
+void key_tiles_to_rows(const std::uint8_t* in, std::int64_t rows, std::int64_t row_bytes, int bits, std::uint8_t* out);
+// code_scores_int over rows stored as key tiles (the same sums).
+void code_scores_int_tiles(const std::uint8_t* codes, std::int64_t rows, std::int64_t row_bytes, int bits,
+                           std::int64_t dim, int limbs, const std::int8_t* w8, std::int64_t nq, std::int64_t w8_stride,
+                           std::int32_t* out, std::int64_t out_stride);
 // Integer value accumulation: acc[j * acc_stride + slot] += sum_r w_j[r] *
 // code_r(slot), exact, w8 + j * w8_stride holding the rows' weights as
 // above (with two limbs: hi for the rows, then lo for the rows).

@@ -7,6 +7,8 @@
 #define HWY_WANT_AVX3_DL 1  // as kernels_cpu.cpp: the same targets in both
 #endif
 #include <cstdint>
+#include <cstring>
+#include <vector>
 
 #include "runtime/hex/kernels_cpu.h"
 
@@ -484,6 +486,211 @@ void ScoresIntPer(D8 d8, int bits, const std::uint8_t* codes, std::int64_t rows,
 }
 #endif  // HWY_TARGET != HWY_SCALAR
 
+#if !HWY_HAVE_SCALABLE && HWY_TARGET != HWY_SCALAR
+// The key tiles' score kernels (see key_tiles in kernels_cpu.h): the vector
+// of a tile's unit column g (kU stored bytes a row: four of 2- or 4-bit
+// codes, or eight 3-bit codes, read widened by IntBytes) holds one row per
+// 32-bit lane, so a byte dot product with query j's weights of that unit,
+// broadcast, adds to each lane a partial score of its own row. No
+// transposition and no reduction across lanes (ScoresIntT4 spends 8
+// interleavings and about 28 reduction operations per four rows on them, for
+// 32 dot products at a group of 4): each lane ends as one row's score.
+
+// acc[(j kPer + k) kL + l] += the products of column vector x (unit g) with
+// query j's limb l of phase k's weights.
+template <int kBits, int kQ, int kL, class D8>
+HWY_INLINE void TileProducts(D8 d8, hn::Vec<D8> x, const std::int8_t* w8, std::int64_t w8_stride, std::int64_t run,
+                             std::int64_t dim, std::int64_t g, hn::Vec<hn::Repartition<std::int32_t, D8>>* acc) {
+  constexpr int kPer = IntPhases(kBits), kSp = CodeBits(kBits);
+  const hn::Repartition<std::int8_t, D8> di8;
+  const hn::Repartition<std::int32_t, D8> d32;
+  hn::Vec<D8> ph[kPer];
+  Unroll<kPer>([&](auto k) KVCAL_INLINE_LAMBDA { ph[k] = KernelPhaseBytes<kMaskedPhases, kBits, k, kSp>(d8, x); });
+  Unroll<kQ>([&](auto j) KVCAL_INLINE_LAMBDA {
+    Unroll<kPer>([&](auto k) KVCAL_INLINE_LAMBDA {
+      Unroll<kL>([&](auto l) KVCAL_INLINE_LAMBDA {
+        std::int32_t word;
+        std::memcpy(&word, w8 + j * w8_stride + l * dim + k * run + 4 * g, sizeof word);
+        constexpr int x0 = (decltype(j)::value * kPer + decltype(k)::value) * kL + decltype(l)::value;
+        acc[x0] = DotBytes(d8, ph[k], hn::BitCast(di8, hn::Set(d32, word)), acc[x0]);
+      });
+    });
+  });
+}
+
+// Query j's scores from its sums (TileProducts).
+template <int kBits, int kL, class V>
+HWY_INLINE V TileScore(const V* acc) {
+  constexpr int kPer = IntPhases(kBits), kSp = CodeBits(kBits);
+  V h = hn::Zero(hn::DFromV<V>()), lo = h;
+  Unroll<kPer>([&](auto k) {
+    h = hn::Add(h, PhaseScaled<kMaskedPhases, k, kSp>(acc[k * kL]));
+    if constexpr (kL == 2) lo = hn::Add(lo, PhaseScaled<kMaskedPhases, k, kSp>(acc[k * kL + 1]));
+  });
+  return MergeLimbs<kL>(h, lo);
+}
+
+// Whole tiles, kS slices (vectors of kRows rows of a tile's unit columns) at
+// a time, for independent sums. The lines 96 rows ahead of each read are
+// requested into L1 (as ScoresIntT4 does; a tile ahead, they came too late:
+// hex4@int8 decode over 32K tokens, one thread, 4-5% slower at a group of 1
+// than the row layout, then on a par), and those kFarBytes ahead
+// (PrefetchFar): one of each per line read.
+template <int kBits, int kQ, int kL, class D8>
+KVCAL_FLATTEN void ScoresIntTiles(D8 d8, const std::uint8_t* codes, std::int64_t tiles, std::int64_t row_bytes,
+                                  std::int64_t run, std::int64_t dim, const std::int8_t* w8, std::int64_t w8_stride,
+                                  std::int32_t* out, std::int64_t out_stride) {
+  constexpr std::int64_t kU = KeyTileUnit(kBits), kT = kKeyTileRows;
+  constexpr auto kRows = static_cast<std::int64_t>(hn::MaxLanes(d8) / 4);  // rows per vector
+  static_assert(kT % kRows == 0, "a tile's unit column is whole vectors");
+  constexpr std::int64_t kV = kT / kRows;         // vectors per unit column
+  constexpr int kX = kQ * IntPhases(kBits) * kL;  // sums per slice
+  constexpr int kS = std::max(1, std::min(4, kAccVectors / kX));
+  const hn::Repartition<std::int32_t, D8> d32;
+  const Groups3<D8> g3;
+  const std::int64_t units = row_bytes / kU, slices = tiles * kV, column = kT * kU,
+                     ahead = 2 * kPrefetchRows * row_bytes;
+  [[maybe_unused]] HWY_ALIGN std::uint8_t pad[hn::MaxLanes(d8)] = {};
+  const auto pass = [&](std::int64_t s0, auto n_c) KVCAL_INLINE_LAMBDA {
+    constexpr int kN = decltype(n_c)::value;
+    const std::uint8_t* base[kN];
+    Unroll<kN>([&](auto i) { base[i] = codes + (s0 + i) / kV * kT * row_bytes + (s0 + i) % kV * kRows * kU; });
+    hn::Vec<decltype(d32)> acc[kN * kX];
+    Unroll<kN * kX>([&](auto x) { acc[x] = hn::Zero(d32); });
+    for (std::int64_t g = 0; g < units; ++g) {
+      Unroll<kN>([&](auto i) KVCAL_INLINE_LAMBDA {
+        const std::uint8_t* p = base[i] + g * column;
+        __builtin_prefetch(p + ahead, 0, 3);
+        PrefetchFar<kBits>(p, 1);
+        // The 3-bit read takes N bytes for its 3N / 4: the last vector
+        // through a copy.
+        if (kBits == 3 && s0 + i == slices - 1 && g == units - 1) {
+          std::memcpy(pad, p, static_cast<std::size_t>(kRows * kU));
+          p = pad;
+        }
+        TileProducts<kBits, kQ, kL>(d8, IntBytes<kBits>(d8, p, g3), w8, w8_stride, run, dim, g, acc + i * kX);
+      });
+    }
+    Unroll<kN>([&](auto i) {
+      const std::int64_t s = s0 + i;
+      Unroll<kQ>([&](auto j) {
+        hn::StoreU(TileScore<kBits, kL>(acc + i * kX + j * (kX / kQ)), d32,
+                   out + j * out_stride + s / kV * kT + s % kV * kRows);
+      });
+    });
+  };
+  std::int64_t s = 0;
+  for (; s + kS <= slices; s += kS) pass(s, std::integral_constant<int, kS>());
+  for (; s < slices; ++s) pass(s, std::integral_constant<int, 1>());
+}
+
+// The last tile of n < 16 rows (unit columns n kU bytes apart): a vector
+// read at a column holds its rows in its first lanes and the next column's
+// in the rest, whose sums are dropped; reads that would pass the tile's end
+// go through a copy.
+template <int kBits, int kQ, int kL, class D8>
+KVCAL_FLATTEN void ScoresIntLastTile(D8 d8, const std::uint8_t* codes, std::int64_t n, std::int64_t row_bytes,
+                                     std::int64_t run, std::int64_t dim, const std::int8_t* w8, std::int64_t w8_stride,
+                                     std::int32_t* out, std::int64_t out_stride) {
+  constexpr std::int64_t kU = KeyTileUnit(kBits);
+  constexpr auto kRows = static_cast<std::int64_t>(hn::MaxLanes(d8) / 4);
+  constexpr int kX = kQ * IntPhases(kBits) * kL;
+  const hn::Repartition<std::int32_t, D8> d32;
+  const Groups3<D8> g3;
+  const auto N = static_cast<std::int64_t>(hn::Lanes(d8));
+  const std::int64_t units = row_bytes / kU, column = n * kU;
+  const std::uint8_t* end = codes + n * row_bytes;
+  HWY_ALIGN std::uint8_t pad[hn::MaxLanes(d8)] = {};
+  [[maybe_unused]] HWY_ALIGN std::int32_t lanes[hn::MaxLanes(d32)];
+  for (std::int64_t r0 = 0; r0 < n; r0 += kRows) {
+    hn::Vec<decltype(d32)> acc[kX];
+    Unroll<kX>([&](auto x) { acc[x] = hn::Zero(d32); });
+    for (std::int64_t g = 0; g < units; ++g) {
+      const std::uint8_t* p = codes + g * column + r0 * kU;
+      if (p + N > end) {
+#if HWY_TARGET <= HWY_AVX3
+        // A masked load (no access past the mask's bytes).
+        if constexpr (kBits != 3) {
+          const auto x = hn::MaskedLoad(hn::FirstN(d8, static_cast<std::size_t>(end - p)), d8, p);
+          TileProducts<kBits, kQ, kL>(d8, x, w8, w8_stride, run, dim, g, acc);
+          continue;
+        }
+#endif
+        std::memcpy(pad, p, static_cast<std::size_t>(end - p));
+        p = pad;
+      }
+      TileProducts<kBits, kQ, kL>(d8, IntBytes<kBits>(d8, p, g3), w8, w8_stride, run, dim, g, acc);
+    }
+    const auto m = static_cast<std::size_t>(std::min(kRows, n - r0));
+    Unroll<kQ>([&](auto j) {
+      const auto v = TileScore<kBits, kL>(acc + j * (kX / kQ));
+      std::int32_t* o = out + j * out_stride + r0;
+#if HWY_TARGET <= HWY_AVX3
+      hn::BlendedStore(v, hn::FirstN(d32, m), d32, o);  // a masked store
+#else
+      hn::Store(v, d32, lanes);
+      for (std::size_t r = 0; r < m; ++r) o[r] = lanes[r];
+#endif
+    });
+  }
+}
+
+// The scores of nq queries, four at a time, over `rows` rows in key tiles
+// (int_dot_layout(bits, dim)), in the target's full vectors (a tile's unit
+// column is 64 bytes: one AVX-512 vector, two of AVX2, four of 128 bits).
+// One vector width, not WithIntKernel's three: a third of the
+// instantiations, whose unrolled bodies take the sanitizer builds minutes.
+void TileScores(const std::uint8_t* codes, std::int64_t rows, std::int64_t row_bytes, int bits, std::int64_t dim,
+                int limbs, const std::int8_t* w8, std::int64_t nq, std::int64_t w8_stride, std::int32_t* out,
+                std::int64_t out_stride) {
+  const std::int64_t tiles = rows / kKeyTileRows, at = tiles * kKeyTileRows;
+  const std::int64_t run = int_slots(bits, dim).run;
+  const hn::ScalableTag<std::uint8_t> d8;
+  const auto with = [&](auto kl) {
+    constexpr int kL = decltype(kl)::value;
+    for (std::int64_t j = 0; j < nq; j += 4) {
+      const std::int8_t* wj = w8 + j * w8_stride;
+      std::int32_t* oj = out + j * out_stride;
+      const auto group = [&](auto kq) {
+        constexpr int kQ = decltype(kq)::value;
+        const auto both = [&](auto bits_c) {
+          constexpr int kBits = decltype(bits_c)::value;
+          if (tiles > 0)
+            ScoresIntTiles<kBits, kQ, kL>(d8, codes, tiles, row_bytes, run, dim, wj, w8_stride, oj, out_stride);
+          if (rows > at)
+            ScoresIntLastTile<kBits, kQ, kL>(d8, codes + at * row_bytes, rows - at, row_bytes, run, dim, wj, w8_stride,
+                                             oj + at, out_stride);
+        };
+        if (bits == 2)
+          both(std::integral_constant<int, 2>());
+        else if (bits == 3)
+          both(std::integral_constant<int, 3>());
+        else
+          both(std::integral_constant<int, 4>());
+      };
+      switch (std::min<std::int64_t>(4, nq - j)) {
+        case 1:
+          group(std::integral_constant<int, 1>());
+          break;
+        case 2:
+          group(std::integral_constant<int, 2>());
+          break;
+        case 3:
+          group(std::integral_constant<int, 3>());
+          break;
+        default:
+          group(std::integral_constant<int, 4>());
+          break;
+      }
+    }
+  };
+  if (limbs == 1)
+    with(std::integral_constant<int, 1>());
+  else
+    with(std::integral_constant<int, 2>());
+}
+#endif
+
 void CodeScoresInt(const std::uint8_t* codes, std::int64_t rows, std::int64_t row_bytes, int bits, std::int64_t dim,
                    int limbs, const std::int8_t* w8, std::int64_t nq, std::int64_t w8_stride, std::int32_t* out,
                    std::int64_t out_stride) {
@@ -497,6 +704,23 @@ void CodeScoresInt(const std::uint8_t* codes, std::int64_t rows, std::int64_t ro
   code_scores_int_reference(codes, rows, row_bytes, bits, dim, limbs, w8, nq, w8_stride, out, out_stride);
 }
 
+// code_scores_int over rows in the key_tiles layout.
+void CodeScoresIntTiles(const std::uint8_t* codes, std::int64_t rows, std::int64_t row_bytes, int bits,
+                        std::int64_t dim, int limbs, const std::int8_t* w8, std::int64_t nq, std::int64_t w8_stride,
+                        std::int32_t* out, std::int64_t out_stride) {
+#if !HWY_HAVE_SCALABLE && HWY_TARGET != HWY_SCALAR
+  if (rows > 0 && int_dot_layout(bits, dim)) {
+    TileScores(codes, rows, row_bytes, bits, dim, limbs, w8, nq, w8_stride, out, out_stride);
+    return;
+  }
+#endif
+  // Elsewhere the rows untiled first.
+  thread_local std::vector<std::uint8_t> plain;
+  plain.resize(static_cast<std::size_t>(rows * row_bytes));
+  key_tiles_to_rows(codes, rows, row_bytes, bits, plain.data());
+  CodeScoresInt(plain.data(), rows, row_bytes, bits, dim, limbs, w8, nq, w8_stride, out, out_stride);
+}
+
 }  // namespace KVCAL_KERNEL_NS
 }  // namespace kvcal::runtime::detail
 HWY_AFTER_NAMESPACE();
@@ -508,6 +732,7 @@ HWY_AFTER_NAMESPACE();
 namespace kvcal::runtime::detail {
 
 HWY_EXPORT(CodeScoresInt);
+HWY_EXPORT(CodeScoresIntTiles);
 
 void code_scores_int(const std::uint8_t* codes, std::int64_t rows, std::int64_t row_bytes, int bits, std::int64_t dim,
                      int limbs, const std::int8_t* w8, std::int64_t nq, std::int64_t w8_stride, std::int32_t* out,
@@ -517,6 +742,18 @@ void code_scores_int(const std::uint8_t* codes, std::int64_t rows, std::int64_t 
     return N_AVX2_VNNI::CodeScoresInt(codes, rows, row_bytes, bits, dim, limbs, w8, nq, w8_stride, out, out_stride);
 #endif
   HWY_DYNAMIC_DISPATCH(CodeScoresInt)(codes, rows, row_bytes, bits, dim, limbs, w8, nq, w8_stride, out, out_stride);
+}
+
+void code_scores_int_tiles(const std::uint8_t* codes, std::int64_t rows, std::int64_t row_bytes, int bits,
+                           std::int64_t dim, int limbs, const std::int8_t* w8, std::int64_t nq, std::int64_t w8_stride,
+                           std::int32_t* out, std::int64_t out_stride) {
+#if KVCAL_HAVE_AVXVNNI_KERNELS
+  if (avx_vnni_active())
+    return N_AVX2_VNNI::CodeScoresIntTiles(codes, rows, row_bytes, bits, dim, limbs, w8, nq, w8_stride, out,
+                                           out_stride);
+#endif
+  HWY_DYNAMIC_DISPATCH(CodeScoresIntTiles)
+  (codes, rows, row_bytes, bits, dim, limbs, w8, nq, w8_stride, out, out_stride);
 }
 
 }  // namespace kvcal::runtime::detail
