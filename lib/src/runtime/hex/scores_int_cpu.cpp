@@ -648,11 +648,12 @@ void TileScores(const std::uint8_t* codes, std::int64_t rows, std::int64_t row_b
   const hn::ScalableTag<std::uint8_t> d8;
   const auto with = [&](auto kl) {
     constexpr int kL = decltype(kl)::value;
-    for (std::int64_t j = 0; j < nq; j += 4) {
+    for (std::int64_t j = 0; j < nq;) {
       const std::int8_t* wj = w8 + j * w8_stride;
       std::int32_t* oj = out + j * out_stride;
       const auto group = [&](auto kq) {
         constexpr int kQ = decltype(kq)::value;
+        j += kQ;
         const auto both = [&](auto bits_c) {
           constexpr int kBits = decltype(bits_c)::value;
           if (tiles > 0)
@@ -668,6 +669,7 @@ void TileScores(const std::uint8_t* codes, std::int64_t rows, std::int64_t row_b
         else
           both(std::integral_constant<int, 4>());
       };
+#if KVCAL_ROW_KERNELS
       switch (std::min<std::int64_t>(4, nq - j)) {
         case 1:
           group(std::integral_constant<int, 1>());
@@ -682,6 +684,15 @@ void TileScores(const std::uint8_t* codes, std::int64_t rows, std::int64_t row_b
           group(std::integral_constant<int, 4>());
           break;
       }
+#else
+      // Sanitizer builds: groups of 4 and single queries only (half the
+      // instantiations; their instrumented bodies are most of this file's
+      // compile time there).
+      if (nq - j >= 4)
+        group(std::integral_constant<int, 4>());
+      else
+        group(std::integral_constant<int, 1>());
+#endif
     }
   };
   if (limbs == 1)
