@@ -153,6 +153,29 @@ HWY_INLINE void Unroll(F f) {
   UnrollSeq(std::make_integer_sequence<int, kN>(), f);
 }
 
+// Calls f(std::integral_constant<int, kQ>(), j) for queries j .. j + kQ - 1,
+// four at a time (a GQA group of 4 in one pass; the accumulators of larger
+// groups would not stay in registers).
+template <class F>
+HWY_INLINE void InGroupsOf4(std::int64_t nq, F f) {
+  for (std::int64_t j = 0; j < nq; j += 4) {
+    switch (std::min<std::int64_t>(4, nq - j)) {
+      case 1:
+        f(std::integral_constant<int, 1>(), j);
+        break;
+      case 2:
+        f(std::integral_constant<int, 2>(), j);
+        break;
+      case 3:
+        f(std::integral_constant<int, 3>(), j);
+        break;
+      default:
+        f(std::integral_constant<int, 4>(), j);
+        break;
+    }
+  }
+}
+
 // Register pressure in the unrolled integer kernels on x86 targets with 16
 // vector registers (SSE4, AVX2). Left to itself, GCC loads every query's
 // weights ahead of their products and keeps loaded weights for the next

@@ -766,29 +766,6 @@ constexpr int ScoreRowsPerStep() {
 
 void WidenCodes3To4(const std::uint8_t* src, std::int64_t n, std::uint8_t* dst) { WidenCodes3<false>(src, n, dst); }
 
-// Calls f(std::integral_constant<int, kQ>(), j) for queries j .. j + kQ - 1,
-// four at a time (a GQA group of 4 in one pass; the accumulators of larger
-// groups would not stay in registers).
-template <class F>
-HWY_INLINE void InGroupsOf4(std::int64_t nq, F f) {
-  for (std::int64_t j = 0; j < nq; j += 4) {
-    switch (std::min<std::int64_t>(4, nq - j)) {
-      case 1:
-        f(std::integral_constant<int, 1>(), j);
-        break;
-      case 2:
-        f(std::integral_constant<int, 2>(), j);
-        break;
-      case 3:
-        f(std::integral_constant<int, 3>(), j);
-        break;
-      default:
-        f(std::integral_constant<int, 4>(), j);
-        break;
-    }
-  }
-}
-
 // The dispatch both code kernels share: 3-bit rows to the group kernels,
 // three(d, kq, run, j); channel-order rows unpacked to bytes first; then the
 // phase-split kernels, split(kq, per, codes, row_bytes, run, j); queries j ..

@@ -650,52 +650,36 @@ void TileScores(const std::uint8_t* codes, std::int64_t rows, std::int64_t row_b
   const hn::ScalableTag<std::uint8_t> d8;
   const auto with = [&](auto kl) {
     constexpr int kL = decltype(kl)::value;
-    for (std::int64_t j = 0; j < nq;) {
+    // Queries j .. j + kQ - 1.
+    const auto group = [&](auto kq, std::int64_t j) {
+      constexpr int kQ = decltype(kq)::value;
       const std::int8_t* wj = w8 + j * w8_stride;
       std::int32_t* oj = out + j * out_stride;
-      const auto group = [&](auto kq) {
-        constexpr int kQ = decltype(kq)::value;
-        j += kQ;
-        const auto both = [&](auto bits_c) {
-          constexpr int kBits = decltype(bits_c)::value;
-          if (tiles > 0)
-            ScoresIntTiles<kBits, kQ, kL>(d8, codes, tiles, row_bytes, run, dim, wj, w8_stride, oj, out_stride);
-          if (rows > at)
-            ScoresIntLastTile<kBits, kQ, kL>(d8, codes + at * row_bytes, rows - at, row_bytes, run, dim, wj, w8_stride,
-                                             oj + at, out_stride);
-        };
-        if (bits == 2)
-          both(std::integral_constant<int, 2>());
-        else if (bits == 3)
-          both(std::integral_constant<int, 3>());
-        else
-          both(std::integral_constant<int, 4>());
+      const auto both = [&](auto bits_c) {
+        constexpr int kBits = decltype(bits_c)::value;
+        if (tiles > 0)
+          ScoresIntTiles<kBits, kQ, kL>(d8, codes, tiles, row_bytes, run, dim, wj, w8_stride, oj, out_stride);
+        if (rows > at)
+          ScoresIntLastTile<kBits, kQ, kL>(d8, codes + at * row_bytes, rows - at, row_bytes, run, dim, wj, w8_stride,
+                                           oj + at, out_stride);
       };
-#if KVCAL_ROW_KERNELS
-      switch (std::min<std::int64_t>(4, nq - j)) {
-        case 1:
-          group(std::integral_constant<int, 1>());
-          break;
-        case 2:
-          group(std::integral_constant<int, 2>());
-          break;
-        case 3:
-          group(std::integral_constant<int, 3>());
-          break;
-        default:
-          group(std::integral_constant<int, 4>());
-          break;
-      }
-#else
-      // Sanitizer builds: groups of 4 and single queries only (half the
-      // instantiations; their instrumented bodies are most of this file's
-      // compile time there).
-      if (nq - j >= 4)
-        group(std::integral_constant<int, 4>());
+      if (bits == 2)
+        both(std::integral_constant<int, 2>());
+      else if (bits == 3)
+        both(std::integral_constant<int, 3>());
       else
-        group(std::integral_constant<int, 1>());
+        both(std::integral_constant<int, 4>());
+    };
+#if KVCAL_ROW_KERNELS
+    InGroupsOf4(nq, group);
+#else
+    // Sanitizer builds: groups of 4 and single queries only (half the
+    // instantiations; their instrumented bodies are most of this file's
+    // compile time there).
+    std::int64_t j = 0;
+    for (; j + 4 <= nq; j += 4) group(std::integral_constant<int, 4>(), j);
+    for (; j < nq; ++j) group(std::integral_constant<int, 1>(), j);
 #endif
-    }
   };
   if (limbs == 1)
     with(std::integral_constant<int, 1>());
