@@ -121,6 +121,29 @@ HWY_INLINE void Sum4(D d, hn::Vec<D> a0, hn::Vec<D> a1, hn::Vec<D> a2, hn::Vec<D
 }
 #endif
 
+// Calls f(std::integral_constant<int, kQ>(), j) for queries j .. j + kQ - 1,
+// four at a time (a GQA group of 4 in one pass; the accumulators of larger
+// groups would not stay in registers).
+template <class F>
+HWY_INLINE void InGroupsOf4(std::int64_t nq, F f) {
+  for (std::int64_t j = 0; j < nq; j += 4) {
+    switch (std::min<std::int64_t>(4, nq - j)) {
+      case 1:
+        f(std::integral_constant<int, 1>(), j);
+        break;
+      case 2:
+        f(std::integral_constant<int, 2>(), j);
+        break;
+      case 3:
+        f(std::integral_constant<int, 3>(), j);
+        break;
+      default:
+        f(std::integral_constant<int, 4>(), j);
+        break;
+    }
+  }
+}
+
 #if !HWY_HAVE_SCALABLE && HWY_TARGET != HWY_SCALAR
 // Vector registers the row-wise accumulation may fill with accumulators
 // (AVX2 and SSE4 have 16 registers; AVX-512 and NEON 32).
@@ -151,29 +174,6 @@ HWY_INLINE void UnrollSeq(std::integer_sequence<int, kI...>, [[maybe_unused]] F 
 template <int kN, class F>
 HWY_INLINE void Unroll(F f) {
   UnrollSeq(std::make_integer_sequence<int, kN>(), f);
-}
-
-// Calls f(std::integral_constant<int, kQ>(), j) for queries j .. j + kQ - 1,
-// four at a time (a GQA group of 4 in one pass; the accumulators of larger
-// groups would not stay in registers).
-template <class F>
-HWY_INLINE void InGroupsOf4(std::int64_t nq, F f) {
-  for (std::int64_t j = 0; j < nq; j += 4) {
-    switch (std::min<std::int64_t>(4, nq - j)) {
-      case 1:
-        f(std::integral_constant<int, 1>(), j);
-        break;
-      case 2:
-        f(std::integral_constant<int, 2>(), j);
-        break;
-      case 3:
-        f(std::integral_constant<int, 3>(), j);
-        break;
-      default:
-        f(std::integral_constant<int, 4>(), j);
-        break;
-    }
-  }
 }
 
 // Register pressure in the unrolled integer kernels on x86 targets with 16
