@@ -450,6 +450,20 @@ TEST(RuntimeHex, CompressBlockBytesByHand) {
   EXPECT_EQ(hex_compress_block(k.data(), v.data(), 6, 5, 8, nullptr, nullptr, 3).bytes(), 68);
 }
 
+// A view marked tiled whose rows are not whole tile units (4-bit rows of 6
+// bytes) is refused with one clear error, not read with bytes left out.
+TEST(RuntimeHex, KeyTilesNeedWholeUnits) {
+  std::mt19937_64 rng(0x4e580072);
+  const i64 T = 6, D = 12;
+  const auto k = random_halves(static_cast<std::size_t>(T * D), rng, 1), v = k;
+  const HexBlock blk = hex_compress_block(k.data(), v.data(), T, D, D, nullptr, nullptr, 4);
+  HexBlockView b = blk.view();
+  ASSERT_EQ(b.row_bytes, 6);
+  b.k_tiled = true;
+  std::vector<float> kd(static_cast<std::size_t>(T * D)), vd(kd.size());
+  EXPECT_THROW(hex_dequantize_block(b, kd.data(), vd.data()), Error);
+}
+
 TEST(RuntimeHex, CompressBlockRejectsBadInput) {
   std::mt19937_64 rng(0x4e580004);
   const i64 T = 6, D = 8;

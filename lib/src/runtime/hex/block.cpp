@@ -187,6 +187,7 @@ HexBlock hex_compress_block(const half_bits* k, const half_bits* v, std::int64_t
 
 const std::uint8_t* detail::key_rows(const HexBlockView& b, std::vector<std::uint8_t>& buf) {
   if (!b.k_tiled) return b.k_codes;
+  require(b.row_bytes % KeyTileUnit(b.bits) == 0, "key tiles need rows of whole units (4 bytes, 3 for 3-bit codes)");
   buf.resize(static_cast<std::size_t>(b.quant_rows()) * static_cast<std::size_t>(b.row_bytes));
   key_tiles_to_rows(b.k_codes, b.quant_rows(), b.row_bytes, b.bits, buf.data());
   return buf.data();

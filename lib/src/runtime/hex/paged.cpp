@@ -64,9 +64,11 @@ void hex_page_write(const HexPageGeometry& g, const HexBlockView& b, std::uint8_
   if (g.bits == 0) return;
   put(g.off_kept_index(), b.kept_index, kept * 2);
   if (quant == 0) return;
-  if (b.k_tiled)  // pages hold rows
+  if (b.k_tiled) {  // pages hold rows
+    require(g.row_bytes() % detail::KeyTileUnit(g.bits) == 0,
+            "key tiles need rows of whole units (4 bytes, 3 for 3-bit codes)");
     detail::key_tiles_to_rows(b.k_codes, quant, g.row_bytes(), g.bits, page + g.off_k_codes());
-  else
+  } else
     put(g.off_k_codes(), b.k_codes, quant * g.row_bytes());
   put(g.off_v_codes(), b.v_codes, quant * g.row_bytes());
   put(g.off_k_params(), b.k_params, d * 4);
