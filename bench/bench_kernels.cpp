@@ -87,7 +87,7 @@ void scores(benchmark::State& state, const std::string& dot) {
 // The integer scores over key tiles (the layer cache's key layout with an
 // integer dot): kernel/scores_tiles/<dot>/<bits>/<group>/<rows>, 96 rows (six
 // whole tiles, as kernel/scores) or 94 (a HEX block's two kept tokens: five
-// tiles and 14 rows after them, read by the row kernels).
+// tiles and a last tile of 14 rows).
 void scores_tiles(benchmark::State& state, const std::string& dot) {
   const int bits = static_cast<int>(state.range(0));
   const std::int64_t group = state.range(1), rows = state.range(2);

@@ -699,7 +699,7 @@ TEST(HexKernels, IntegerCodeKernelsEqualReferenceExactly) {
 // Key tiles (the layer cache's key layout for the integer score kernels):
 // the layout checked byte by byte against its definition, the round trip
 // exact, and the tiled score kernel equal to the row reference bit for bit on
-// every target, with one limb and two, whole tiles and the rows after them,
+// every target, with one limb and two, whole tiles and a last one of fewer rows,
 // random codes and the extremes (every code at its maximum, every weight at
 // its limb's limit). Buffers of exactly the codes' size (3-bit tiles are read
 // widened, four bytes for three: the last one must not read past the end).

@@ -141,8 +141,8 @@ void code_scores_int(const std::uint8_t* codes, std::int64_t rows, std::int64_t 
 // unchanged. A vector of a whole tile's unit column holds one row per 32-bit
 // lane (3-bit units widened to four bytes as they are read), which the score
 // kernel multiplies by broadcast query weights without transposing the rows
-// or reducing across lanes; the last tile's columns are copied into a whole
-// tile's places first.
+// or reducing across lanes; a vector of the last tile's column holds its n
+// rows in its first lanes (the rest are dropped).
 inline constexpr std::int64_t kKeyTileRows = 16;
 constexpr std::int64_t KeyTileUnit(int bits) { return bits == 3 ? 3 : 4; }
 // Whether key tiles serve rows of `bits`-bit codes and dim channels (the
