@@ -5,6 +5,8 @@
 //  kernel/scores/<dot>/<bits>/<group>: code_scores (float32) or
 //    code_scores_int (int14: two limbs, int8: one) for a GQA group.
 //  kernel/accumulate/<dot>/<bits>/<group>: code_accumulate(_int) likewise.
+//  kernel/scores_tiles/..., kernel/accumulate_tiles/...: the integer kernels
+//    over the layer cache's key and value tiles (see below).
 //  kernel/quantize/<dot>: the fixed-point weights of one query's 128 weights.
 //  kernel/scores_stream/<MiB>/<group>: code_scores_int (int8, 4 bits) over
 //    consecutive blocks of codes, from L2, the L3 or memory (bytes/s: what
@@ -121,6 +123,33 @@ void accumulate(benchmark::State& state, const std::string& dot) {
     benchmark::DoNotOptimize(iacc.data());
   }
   state.SetItemsProcessed(state.iterations() * kRows * kDim * group);
+}
+
+// The integer value sums over value tiles (the layer cache's value layout
+// with an integer dot): kernel/accumulate_tiles/<dot>/<bits>/<group>/<rows>/
+// <tiled>, 96 rows (24 whole groups) or 94 (a HEX block's two kept tokens:
+// 23 groups and two rows), scaled into floats as the decode does it; tiled
+// 0 is the same call over the rows, the baseline.
+void accumulate_tiles(benchmark::State& state, const std::string& dot) {
+  const int bits = static_cast<int>(state.range(0));
+  const std::int64_t group = state.range(1), rows = state.range(2);
+  const bool tiled = state.range(3) != 0;
+  const int limbs = limbs_of(dot);
+  Inputs in(bits, group, rows, limbs);
+  std::vector<std::uint8_t> tiles(in.codes.size());
+  d::rows_to_value_tiles(in.codes.data(), rows, in.row_bytes, tiles.data());
+  std::vector<float> acc(static_cast<std::size_t>(group * kDim)), ws(static_cast<std::size_t>(group), 0x1p-20f);
+  std::vector<std::int32_t> scratch(acc.size());
+  for (auto _ : state) {
+    if (tiled)
+      d::code_accumulate_int_tiles_scaled(tiles.data(), rows, in.row_bytes, bits, kDim, limbs, in.w8.data(), group,
+                                          limbs * rows, ws.data(), acc.data(), kDim, scratch.data());
+    else
+      d::code_accumulate_int_scaled(in.codes.data(), rows, in.row_bytes, bits, kDim, limbs, in.w8.data(), group,
+                                    limbs * rows, ws.data(), acc.data(), kDim, scratch.data());
+    benchmark::DoNotOptimize(acc.data());
+  }
+  state.SetItemsProcessed(state.iterations() * rows * kDim * group);
 }
 
 // 3-bit rows widened to 4 bits.
@@ -362,6 +391,8 @@ int register_all() {
       benchmark::RegisterBenchmark(("kernel/quantize/" + s).c_str(), quantize, s);
       benchmark::RegisterBenchmark(("kernel/scores_tiles/" + s).c_str(), scores_tiles, s)
           ->ArgsProduct({{4, 3, 2}, {1, 4}, {96, 94}});
+      benchmark::RegisterBenchmark(("kernel/accumulate_tiles/" + s).c_str(), accumulate_tiles, s)
+          ->ArgsProduct({{4, 2}, {1, 4}, {96, 94}, {1, 0}});
     }
   }
   benchmark::RegisterBenchmark("kernel/scores_stream", scores_stream)->ArgsProduct({{1, 32, 512}, {1, 4}});

@@ -82,6 +82,19 @@ std::uint8_t key_byte(const HexBlockView& b, i64 q, i64 i) {
   EXPECT_EQ(rb % unit, 0);
   return b.k_codes[t0 * rb + (i / unit * n + q % 16) * unit + i % unit];
 }
+// Byte i of quantized row q's value codes, in either layout (HexBlockView::
+// v_tiled: groups of four rows, byte i of row k of the group from row r at r
+// * row_bytes + 4 i + k; the rows after the last whole group stay rows).
+std::uint8_t value_byte(const HexBlockView& b, i64 q, i64 i) {
+  const i64 rb = b.row_bytes, g = q / 4 * 4;
+  if (!b.v_tiled || g + 4 > b.quant_rows()) return b.v_codes[q * rb + i];
+  return b.v_codes[g * rb + 4 * i + q % 4];
+}
+std::vector<std::uint8_t> value_row(const HexBlockView& b, i64 q) {
+  std::vector<std::uint8_t> row(static_cast<std::size_t>(b.row_bytes));
+  for (i64 i = 0; i < b.row_bytes; ++i) row[static_cast<std::size_t>(i)] = value_byte(b, q, i);
+  return row;
+}
 std::vector<std::uint8_t> key_row(const HexBlockView& b, i64 q) {
   std::vector<std::uint8_t> row(static_cast<std::size_t>(b.row_bytes));
   for (i64 i = 0; i < b.row_bytes; ++i) row[static_cast<std::size_t>(i)] = key_byte(b, q, i);
@@ -128,7 +141,8 @@ Dense decode(const HexBlockView& b) {
     if (d.kept[static_cast<std::size_t>(t)]) continue;
     const std::vector<std::uint8_t> krow = key_row(b, q);
     const std::uint8_t* kr = krow.data();
-    const std::uint8_t* vr = b.v_codes + q * b.row_bytes;
+    const std::vector<std::uint8_t> vrow = value_row(b, q);
+    const std::uint8_t* vr = vrow.data();
     for (i64 c = 0; c < d.dim; ++c) {
       const auto i = static_cast<std::size_t>(t * d.dim + c);
       d.k[i] = hv(b.k_params[c].min) + ref_code(kr, c, b.bits) * hv(b.k_params[c].delta);
@@ -182,7 +196,7 @@ void expect_same_block(const HexBlockView& a, const HexBlockView& b, const std::
   if (a.bits == 0 || quant == 0) return;
   for (i64 i = 0; i < quant * a.row_bytes; ++i) {
     EXPECT_EQ(key_byte(a, i / a.row_bytes, i % a.row_bytes), key_byte(b, i / a.row_bytes, i % a.row_bytes));
-    EXPECT_EQ(a.v_codes[i], b.v_codes[i]);
+    EXPECT_EQ(value_byte(a, i / a.row_bytes, i % a.row_bytes), value_byte(b, i / a.row_bytes, i % a.row_bytes));
   }
   for (i64 c = 0; c < d; ++c) {
     EXPECT_EQ(a.k_params[c].min, b.k_params[c].min);
@@ -597,6 +611,33 @@ void check_block_decode(HexDot dot = HexDot::float32) {
             auto out = random_floats(static_cast<std::size_t>(nq * os), rng);
             const auto out0 = out;
             hex_block_accumulate(b, p.data(), nq, ps, out.data(), os, dot);
+            if (bits > 0 && b.quant_rows() > 0) {
+              // The same block with its values as value tiles
+              // (HexBlockView::v_tiled), tiled here from the layout's
+              // definition (value_byte): the same sums bit for bit, the same
+              // values dequantized (3-bit tiles, not a layout of the integer
+              // kernels, untiled for the reference).
+              const i64 rb = b.row_bytes, nqr = b.quant_rows();
+              std::vector<std::uint8_t> tiled(static_cast<std::size_t>(nqr * rb));
+              HexBlockView bt = b;
+              bt.v_tiled = true;
+              bt.v_codes = tiled.data();
+              for (i64 r = 0; r < nqr; ++r) {
+                const i64 g = r / 4 * 4;
+                for (i64 i = 0; i < rb; ++i)
+                  tiled[static_cast<std::size_t>(g + 4 <= nqr ? g * rb + 4 * i + r % 4 : r * rb + i)] =
+                      b.v_codes[r * rb + i];
+              }
+              for (i64 r = 0; r < nqr; ++r) ASSERT_EQ(value_row(bt, r), value_row(b, r)) << "row " << r;
+              auto out_t = out0;
+              hex_block_accumulate(bt, p.data(), nq, ps, out_t.data(), os, dot);
+              ASSERT_EQ(out_t, out);
+              std::vector<float> k1(static_cast<std::size_t>(T * D)), v1(k1.size()), k2(k1.size()), v2(k1.size());
+              hex_dequantize_block(b, k1.data(), v1.data());
+              hex_dequantize_block(bt, k2.data(), v2.data());
+              ASSERT_EQ(k1, k2);
+              ASSERT_EQ(v1, v2);
+            }
             for (i64 j = 0; j < nq; ++j) {
               double psum = 0;
               for (i64 t = 0; t < T; ++t) psum += p[static_cast<std::size_t>(j * ps + t)];

@@ -117,6 +117,48 @@ TEST(HexPaged, CompressPageIsBitIdenticalToTheCpuBlock) {
   EXPECT_EQ(cases, 4 * 4 * 3 * 3);
 }
 
+// A block whose codes the layer cache holds in its CPU layouts (key tiles,
+// value tiles: HexBlockView::k_tiled, v_tiled) writes the same page as its
+// rows: pages hold rows. Every bit width, the last group and tile whole or
+// not.
+TEST(HexPaged, TiledBlocksWriteRowPages) {
+  std::mt19937_64 rng(0x70746c73);
+  const i64 D = 128;
+  int cases = 0;
+  for (const char* method : {"hex2", "hex3", "hex4"})
+    for (const i64 kept : {0, 1, 2, 5}) {
+      const HexOptions o = hex_method(method);
+      const HexPageGeometry g = hex_page_geometry(o, D, 2);
+      const auto k = random_halves(static_cast<std::size_t>(o.block * D), rng, 1.0);
+      const auto v = random_halves(k.size(), rng, 1.0);
+      std::vector<std::uint8_t> keep(static_cast<std::size_t>(o.block), 0);
+      for (i64 t = 0; t < kept; ++t) keep[static_cast<std::size_t>(3 * t + 1)] = 1;
+      const auto mask = make_mask(o.block, D, 2, 7);
+      const HexBlock blk = hex_compress_block(k.data(), v.data(), o.block, D, D, keep.data(), mask, o.bits);
+      const HexBlockView b = blk.view();
+      const i64 nqr = b.quant_rows(), rb = b.row_bytes;
+      // The layouts from their definitions (hex.h).
+      std::vector<std::uint8_t> kt(static_cast<std::size_t>(nqr * rb)), vt(kt.size());
+      const i64 unit = o.bits == 3 ? 3 : 4;
+      ASSERT_EQ(rb % unit, 0);
+      for (i64 r = 0; r < nqr; ++r)
+        for (i64 i = 0; i < rb; ++i) {
+          const i64 t0 = r / 16 * 16, n = std::min<i64>(16, nqr - t0), g = r / 4 * 4;
+          kt[static_cast<std::size_t>(t0 * rb + (i / unit * n + r % 16) * unit + i % unit)] = b.k_codes[r * rb + i];
+          vt[static_cast<std::size_t>(g + 4 <= nqr ? g * rb + 4 * i + r % 4 : r * rb + i)] = b.v_codes[r * rb + i];
+        }
+      ASSERT_NE(kt, std::vector<std::uint8_t>(b.k_codes, b.k_codes + nqr * rb));  // really another order
+      ASSERT_NE(vt, std::vector<std::uint8_t>(b.v_codes, b.v_codes + nqr * rb));
+      HexBlockView t = b;
+      t.k_tiled = t.v_tiled = true;
+      t.k_codes = kt.data();
+      t.v_codes = vt.data();
+      EXPECT_EQ(page_of(g, t), page_of(g, b)) << method << " kept " << kept;
+      ++cases;
+    }
+  EXPECT_EQ(cases, 3 * 4);
+}
+
 TEST(HexPaged, PagesRejectWhatDoesNotFit) {
   const HexOptions o = hex_method("hex4");
   const HexPageGeometry g = hex_page_geometry(o, 64, 2);

@@ -754,6 +754,90 @@ TEST(HexKernels, KeyTilesScoreAsRows) {
   });
 }
 
+// Value tiles (the layer cache's value layout for the integer value
+// kernels): the layout checked byte by byte against its definition, the
+// round trip exact, and both kernels over tiles giving the sums over rows bit
+// for bit -- the int32 sums against the scalar reference, the scaled sums
+// against the row kernel's -- for groups of queries up to and past those the
+// kernels take at once, the last group of four rows whole or not, and weights
+// at their extremes. 3-bit rows are not a layout of these kernels
+// (value_tiles_layout): they are untiled for the reference.
+TEST(HexKernels, ValueTilesAccumulateAsRows) {
+  on_every_target([] {
+    std::mt19937_64 rng(0x76746c73);
+    std::uniform_int_distribution<int> byte(0, 255), hi(-64, 63), lo(0, 127), w8(-127, 127);
+    EXPECT_FALSE(value_tiles_layout(3, 128));
+    EXPECT_TRUE(value_tiles_layout(4, 128));
+    EXPECT_TRUE(value_tiles_layout(2, 128));
+    for (const int bits : {2, 3, 4})
+      for (const i64 dim : {32, 64, 128, 256})
+        for (const int limbs : {1, 2})
+          for (const bool extreme : {false, true})
+            for (const i64 rows : {0, 1, 2, 3, 4, 5, 7, 8, 33, 94, 95, 96, 97}) {
+              if (!int_dot_layout(bits, dim)) continue;
+              SCOPED_TRACE("bits " + std::to_string(bits) + " dim " + std::to_string(dim) + " limbs " +
+                           std::to_string(limbs) + " extreme " + std::to_string(extreme) + " rows " +
+                           std::to_string(rows));
+              const i64 rb = packed_bytes(dim, bits);
+              std::vector<std::uint8_t> codes(static_cast<std::size_t>(rows * rb), 0xff);
+              if (!extreme)
+                for (auto& c : codes) c = static_cast<std::uint8_t>(byte(rng));
+              std::vector<std::uint8_t> tiles(codes.size()), back(codes.size());
+              rows_to_value_tiles(codes.data(), rows, rb, tiles.data());
+              for (i64 r = 0; r < rows; ++r)
+                for (i64 i = 0; i < rb; ++i) {
+                  const i64 g = r / 4 * 4;  // the group's first row; rows past the last whole group stay rows
+                  const i64 at = g + 4 <= rows ? g * rb + 4 * i + r % 4 : r * rb + i;
+                  ASSERT_EQ(tiles[static_cast<std::size_t>(at)], codes[static_cast<std::size_t>(r * rb + i)])
+                      << "row " << r << " byte " << i;
+                }
+              value_tiles_to_rows(tiles.data(), rows, rb, back.data());
+              ASSERT_EQ(back, codes);
+              const i64 cs = dim + 5;
+              for (const i64 nq : {1, 2, 3, 4, 5, 8, 9}) {
+                const i64 as = limbs * rows + 3;
+                std::vector<std::int8_t> a(static_cast<std::size_t>(nq * as), 99);
+                for (i64 j = 0; j < nq; ++j)
+                  for (i64 r = 0; r < rows; ++r) {
+                    std::int8_t* aj = a.data() + j * as;
+                    if (limbs == 1) {
+                      aj[r] = static_cast<std::int8_t>(extreme ? (j % 2 ? 127 : -127) : w8(rng));
+                    } else {
+                      aj[r] = static_cast<std::int8_t>(extreme ? (j % 2 ? 63 : -64) : hi(rng));
+                      aj[rows + r] = static_cast<std::int8_t>(extreme ? (j % 2 ? 127 : 0) : lo(rng));
+                    }
+                  }
+                std::vector<std::int32_t> acc0(static_cast<std::size_t>(nq * cs));
+                for (auto& x : acc0) x = byte(rng) - 128;
+                auto acc = acc0, ref = acc0;
+                code_accumulate_int_tiles(tiles.data(), rows, rb, bits, dim, limbs, a.data(), nq, as, acc.data(), cs);
+                code_accumulate_int_reference(codes.data(), rows, rb, bits, dim, limbs, a.data(), nq, as, ref.data(),
+                                              cs);
+                ASSERT_EQ(acc, ref) << "nq " << nq;  // past each query's row: untouched in both
+                std::vector<float> sw(static_cast<std::size_t>(nq)), f0(static_cast<std::size_t>(nq * cs));
+                for (i64 j = 0; j < nq; ++j)
+                  sw[static_cast<std::size_t>(j)] = std::ldexp((j % 2 ? -1.0f : 1.0f) * (1.0f + 0.37f * j), -12);
+                for (auto& x : f0) x = static_cast<float>(byte(rng)) - 100.5f;
+                auto ft = f0, fr = f0;
+                std::vector<std::int32_t> scratch(static_cast<std::size_t>(nq * dim), 12345);
+                code_accumulate_int_tiles_scaled(tiles.data(), rows, rb, bits, dim, limbs, a.data(), nq, as,
+                                                 sw.data(), ft.data(), cs, scratch.data());
+                if (bits == 3) {  // untiled, the reference's sums scaled once
+                  std::vector<std::int32_t> sums(static_cast<std::size_t>(nq * dim), 0);
+                  code_accumulate_int_reference(codes.data(), rows, rb, bits, dim, limbs, a.data(), nq, as,
+                                                sums.data(), dim);
+                  for (i64 j = 0; j < nq; ++j)
+                    axpy_int(sw[static_cast<std::size_t>(j)], sums.data() + j * dim, fr.data() + j * cs, dim);
+                } else {
+                  code_accumulate_int_scaled(codes.data(), rows, rb, bits, dim, limbs, a.data(), nq, as, sw.data(),
+                                             fr.data(), cs, scratch.data());
+                }
+                ASSERT_EQ(ft, fr) << "nq " << nq;
+              }
+            }
+  });
+}
+
 // Wide 3-bit rows, up to the widest the integer kernels take (dim / 2 =
 // kIntWide3Bytes): their widened copies still fit the kernels' buffers.
 TEST(HexKernels, IntegerCodeKernelsTakeWide3BitRows) {

@@ -107,6 +107,13 @@ struct HexBlockView {
   // n rows from row t0 at t0 * row_bytes + (n g + rr) * unit. Pages
   // (hex_paged.h) and the GPU kernels hold rows; hex_page_write takes either.
   bool k_tiled = false;
+  // The value codes' layout: false, rows; true, the same bytes as value
+  // tiles for the CPU's integer value kernels (HexLayerCache stores 2- and
+  // 4-bit blocks so where its method's dot is int8 or int14): groups of four
+  // rows, byte c of row k of the group from row r at r * row_bytes + 4 c + k;
+  // the quant_rows % 4 rows after the last group stay rows. Pages hold rows;
+  // hex_page_write takes either.
+  bool v_tiled = false;
 
   KVCAL_HD std::int32_t quant_rows() const { return tokens - kept_rows; }
 };
@@ -127,6 +134,7 @@ struct HexBlock {
   std::vector<half_bits> k_sparse, v_sparse;
   std::shared_ptr<const Mask> mask;  // null without expander entries
   bool k_tiled = false;              // k_codes in tiles (HexBlockView::k_tiled)
+  bool v_tiled = false;              // v_codes as value tiles (HexBlockView::v_tiled)
 
   KVCAL_RUNTIME_API HexBlockView view() const;
   std::int64_t bytes() const { return hex_block_bytes(view()); }

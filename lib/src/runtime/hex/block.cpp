@@ -153,6 +153,7 @@ HexBlockView HexBlock::view() const {
   b.k_sparse = k_sparse.data();
   b.v_sparse = v_sparse.data();
   b.k_tiled = k_tiled;
+  b.v_tiled = v_tiled;
   return b;
 }
 
@@ -203,10 +204,28 @@ void detail::tile_keys(HexBlock& b) {
   b.k_tiled = true;
 }
 
+const std::uint8_t* detail::value_rows(const HexBlockView& b, std::vector<std::uint8_t>& buf) {
+  if (!b.v_tiled) return b.v_codes;
+  buf.resize(static_cast<std::size_t>(b.quant_rows()) * static_cast<std::size_t>(b.row_bytes));
+  value_tiles_to_rows(b.v_codes, b.quant_rows(), b.row_bytes, buf.data());
+  return buf.data();
+}
+
+void detail::tile_values(HexBlock& b) {
+  if (b.v_tiled || b.bits == 0 || b.v_codes.empty() || !value_tiles_layout(b.bits, b.head_dim)) return;
+  const std::int64_t row_bytes = packed_bytes(b.head_dim, b.bits);
+  std::vector<std::uint8_t> tiles(b.v_codes.size());
+  rows_to_value_tiles(b.v_codes.data(), static_cast<std::int64_t>(b.v_codes.size()) / row_bytes, row_bytes,
+                      tiles.data());
+  b.v_codes.swap(tiles);
+  b.v_tiled = true;
+}
+
 void hex_dequantize_block(const HexBlockView& b, float* k, float* v) {
   const std::int64_t d = b.head_dim;
-  std::vector<std::uint8_t> plain;
+  std::vector<std::uint8_t> plain, plain_v;
   const std::uint8_t* k_codes = b.bits == 0 ? nullptr : key_rows(b, plain);
+  const std::uint8_t* v_codes = b.bits == 0 ? nullptr : value_rows(b, plain_v);
   std::int64_t kept = 0, q = 0;
   for (std::int64_t t = 0; t < b.tokens; ++t) {
     float* kr = k + t * d;
@@ -219,7 +238,7 @@ void hex_dequantize_block(const HexBlockView& b, float* k, float* v) {
     }
     for (std::int64_t c = 0; c < d; ++c) {
       kr[c] = dequantize_value(packed_code(k_codes + q * b.row_bytes, c, b.bits), b.k_params[c]);
-      vr[c] = dequantize_value(packed_code(b.v_codes + q * b.row_bytes, c, b.bits), b.v_params[q]);
+      vr[c] = dequantize_value(packed_code(v_codes + q * b.row_bytes, c, b.bits), b.v_params[q]);
     }
     for (std::int64_t j = 0; j < b.mask_degree; ++j) {
       const std::int32_t c = b.mask_indices[t * b.mask_degree + j];
@@ -515,10 +534,17 @@ void detail::block_accumulate(const HexBlockView& b, const float* p, std::int64_
     quantize_rows(limbs, a, nq, nqr, w8, ws, amax);
     // The integer sums scaled into acc by the kernel itself (ai: scratch for
     // layouts the integer kernels do not take).
-    code_accumulate_int_scaled(b.v_codes, nqr, b.row_bytes, b.bits, d, limbs, w8, nq, limbs * nqr, ws, acc, d, ai);
+    if (b.v_tiled)
+      code_accumulate_int_tiles_scaled(b.v_codes, nqr, b.row_bytes, b.bits, d, limbs, w8, nq, limbs * nqr, ws, acc, d,
+                                       ai);
+    else
+      code_accumulate_int_scaled(b.v_codes, nqr, b.row_bytes, b.bits, d, limbs, w8, nq, limbs * nqr, ws, acc, d, ai);
     return;
   }
-  if (nqr > 0) code_accumulate(b.v_codes, nqr, b.row_bytes, b.bits, d, a, nq, nqr, acc, d);
+  if (nqr > 0) {
+    thread_local std::vector<std::uint8_t> plain;  // the rows of tiled values
+    code_accumulate(value_rows(b, plain), nqr, b.row_bytes, b.bits, d, a, nq, nqr, acc, d);
+  }
 }
 
 // The kept tokens of blocks [0, n): their fp16 rows a run at a time, a run

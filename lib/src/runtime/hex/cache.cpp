@@ -260,8 +260,12 @@ struct HexLayerCache::Impl {
     const half_bits* v = hd.res_v.data() + offset * dim;
     HexBlock b =
         compress_checked_block(k, v, opt.block, dim, dim, keep.data(), opt.expander ? mask : nullptr, opt.bits);
-    // The integer score kernels read the keys in tiles (HexBlockView::k_tiled).
-    if (opt.dot != HexDot::float32) tile_keys(b);
+    // The integer kernels read the keys and values in tiles
+    // (HexBlockView::k_tiled, v_tiled).
+    if (opt.dot != HexDot::float32) {
+      tile_keys(b);
+      tile_values(b);
+    }
     return b;
   }
 

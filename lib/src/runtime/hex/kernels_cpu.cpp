@@ -1124,6 +1124,24 @@ HWY_INLINE const std::uint8_t* RowGroup(D8 d8, const std::uint8_t* base, std::in
   return pad;
 }
 
+// Value tiles (kernels_cpu.h): the vector of the group of four rows from
+// row r (a multiple of 4) at byte column col -- byte col + x of row r + k in
+// byte k of 32-bit lane x, for N / 4 columns -- loaded as it is stored for a
+// whole group; for the last group, the rows % 4 rows that stay rows, put
+// together from their bytes (zero bytes for the rows missing).
+template <class D8>
+HWY_INLINE hn::Vec<D8> TileGroup(D8 d8, const std::uint8_t* codes, std::int64_t r, std::int64_t rows,
+                                 std::int64_t row_bytes, std::int64_t col) {
+  const std::uint8_t* g = codes + r * row_bytes;
+  if (r + 4 <= rows) return hn::LoadU(d8, g + 4 * col);
+  const hn::Repartition<std::uint32_t, D8> du32;
+  const hn::Rebind<std::uint8_t, decltype(du32)> dq;
+  auto v = hn::Zero(du32);
+  for (std::int64_t k = 0; r + k < rows; ++k)
+    v = hn::Or(v, hn::ShiftLeftSame(hn::PromoteTo(du32, hn::LoadU(dq, g + k * row_bytes + col)), static_cast<int>(8 * k)));
+  return hn::BitCast(d8, v);
+}
+
 // acc[pm[x]] += (the merged limbs)[x] for every lane x.
 template <int kL, class D32>
 HWY_INLINE void FlushLimbs(D32 d32, hn::Vec<D32> h, hn::Vec<D32> l, const std::int64_t* pm, std::int32_t* acc) {
@@ -1167,6 +1185,19 @@ struct Sums {
   }
   template <int kL, class D32>
   HWY_INLINE void FlushBlocks(D32 d32, hn::Vec<D32> h, hn::Vec<D32> l, int m, std::int64_t j, std::int64_t at) const;
+  // Lane x at at + x (the value tiles' kernels, whose lanes are in slot
+  // order).
+  template <int kL, class D32>
+  HWY_INLINE void FlushRun(D32 d32, hn::Vec<D32> h, hn::Vec<D32> l, std::int64_t j, std::int64_t at) const {
+    if (!fs) {
+      std::int32_t* a = acc + j * stride + at;
+      hn::StoreU(hn::Add(hn::LoadU(d32, a), MergeLimbs<kL>(h, l)), d32, a);
+      return;
+    }
+    const hn::Rebind<float, D32> df;
+    float* a = fs + j * stride + at;
+    hn::StoreU(hn::MulAdd(hn::Set(df, ws[j]), hn::ConvertTo(df, MergeLimbs<kL>(h, l)), hn::LoadU(df, a)), df, a);
+  }
 };
 
 #if HWY_HAVE_SCALABLE || !KVCAL_ROW_KERNELS
@@ -1175,7 +1206,8 @@ struct Sums {
 // sanitizer builds run on fixed-size targets: AccumulateIntQ's unrolled
 // arrays of vectors, instrumented, take the compiler tens of minutes (see
 // KVCAL_ROW_KERNELS; valgrind checks that kernel in the Release build).
-template <int kPer, int kM, int kL, class D8>
+// kTiled: the rows stored as value tiles (TileGroup), no transposition.
+template <int kPer, int kM, int kL, bool kTiled, class D8>
 void AccumulateInt(D8 d8, const std::uint8_t* codes, std::int64_t rows, std::int64_t row_bytes, std::int64_t run,
                    const std::int8_t* w8, std::int64_t limb_stride, const Sums& out) {
   constexpr int kBits = 8 / kPer;
@@ -1184,19 +1216,17 @@ void AccumulateInt(D8 d8, const std::uint8_t* codes, std::int64_t rows, std::int
   const auto N32 = static_cast<std::int64_t>(hn::Lanes(d32));
   const Transpose4<D8> tr(d8);
   HWY_ALIGN std::uint8_t pad[4 * hn::MaxLanes(d8)];
+  std::int64_t ident[hn::MaxLanes(d32)];  // tiles: lane x to slot x
+  for (std::int64_t x = 0; x < N32; ++x) ident[x] = x;
   for (std::int64_t i = 0; i < run; i += N) {
     for (int m0 = 0; m0 < 4; m0 += kM) {
       // Accumulators: phase k, transposed vector m0 + mm, limb.
       auto a00 = hn::Zero(d32), a01 = a00, a02 = a00, a03 = a00, a10 = a00, a11 = a00, a12 = a00, a13 = a00;
       auto b00 = a00, b01 = a00, b02 = a00, b03 = a00, b10 = a00, b11 = a00, b12 = a00, b13 = a00;
       for (std::int64_t r = 0; r < rows; r += 4) {
-        std::int64_t stride = row_bytes;
-        const std::uint8_t* base = RowGroup(d8, codes + r * row_bytes + i, r, rows, stride, pad);
-        const auto r0 = hn::LoadU(d8, base), r1 = hn::LoadU(d8, base + stride);
-        const auto r2 = hn::LoadU(d8, base + 2 * stride), r3 = hn::LoadU(d8, base + 3 * stride);
         const auto wh = Weights4(d8, w8, r, rows), wl = Weights4(d8, w8 + (kL - 1) * limb_stride, r, rows);
-        const auto one = [&](int mm, auto& h0, auto& h1, auto& h2, auto& h3, auto& l0, auto& l1, auto& l2, auto& l3) {
-          const auto t = Transpose4<D8>::Apply(d8, r0, r1, r2, r3, m0 + mm);
+        const auto one = [&](hn::Vec<D8> t, auto& h0, auto& h1, auto& h2, auto& h3, auto& l0, auto& l1, auto& l2,
+                             auto& l3) {
           const auto ph = [&](auto c, auto& h, auto& l) {
             h = DotBytes(d8, c, wh, h);
             if constexpr (kL == 2) l = DotBytes(d8, c, wl, l);
@@ -1208,11 +1238,25 @@ void AccumulateInt(D8 d8, const std::uint8_t* codes, std::int64_t rows, std::int
             ph(PhaseBytes<kBits, 3>(d8, t), h3, l3);
           }
         };
-        one(0, a00, a01, a02, a03, b00, b01, b02, b03);
-        if constexpr (kM > 1) one(1, a10, a11, a12, a13, b10, b11, b12, b13);
+        if constexpr (kTiled) {
+          one(TileGroup(d8, codes, r, rows, row_bytes, i + m0 * N32), a00, a01, a02, a03, b00, b01, b02, b03);
+          if constexpr (kM > 1)
+            one(TileGroup(d8, codes, r, rows, row_bytes, i + (m0 + 1) * N32), a10, a11, a12, a13, b10, b11, b12, b13);
+        } else {
+          std::int64_t stride = row_bytes;
+          const std::uint8_t* base = RowGroup(d8, codes + r * row_bytes + i, r, rows, stride, pad);
+          const auto r0 = hn::LoadU(d8, base), r1 = hn::LoadU(d8, base + stride);
+          const auto r2 = hn::LoadU(d8, base + 2 * stride), r3 = hn::LoadU(d8, base + 3 * stride);
+          one(Transpose4<D8>::Apply(d8, r0, r1, r2, r3, m0), a00, a01, a02, a03, b00, b01, b02, b03);
+          if constexpr (kM > 1)
+            one(Transpose4<D8>::Apply(d8, r0, r1, r2, r3, m0 + 1), a10, a11, a12, a13, b10, b11, b12, b13);
+        }
       }
       const auto flush = [&](int mm, int k, auto h, auto l) {
-        out.template FlushLanes<kL>(d32, h, l, tr.perm + (m0 + mm) * N32, 0, k * run + i);
+        // (Tiles: lane x at x, added as the rows' lanes are, so that the
+        // sums round alike.)
+        out.template FlushLanes<kL>(d32, h, l, kTiled ? ident : tr.perm + (m0 + mm) * N32, 0,
+                                    k * run + i + (kTiled ? (m0 + mm) * N32 : 0));
       };
       flush(0, 0, a00, b00);
       if constexpr (kPer >= 2) flush(0, 1, a01, b01);
@@ -1244,12 +1288,17 @@ template <int kL, class D32>
 HWY_INLINE void Sums::FlushBlocks(D32 d32, hn::Vec<D32> h, hn::Vec<D32> l, int m, std::int64_t j,
                                   std::int64_t at) const {
   if (!fs) return FlushTransposed<kL>(d32, h, l, m, acc + j * stride + at);
+  // fs += ws[j] * sum as FlushRun computes it (one multiply-add: one
+  // rounding where the target fuses them), so that rows and value tiles give
+  // the same floats.
+  const hn::Rebind<float, D32> df;
   HWY_ALIGN float lanes[hn::MaxLanes(d32)];
-  Scaled<kL>(d32, h, l, j, lanes);
+  hn::Store(hn::ConvertTo(df, MergeLimbs<kL>(h, l)), df, lanes);
   const hn::FixedTag<float, 4> d4;
+  const auto w = hn::Set(d4, ws[j]);
   for (std::size_t k = 0; k < hn::Lanes(d32) / 4; ++k) {
     float* a = fs + j * stride + 16 * k + 4 * static_cast<std::size_t>(m) + at;
-    hn::StoreU(hn::Add(hn::LoadU(d4, a), hn::Load(d4, lanes + 4 * k)), d4, a);
+    hn::StoreU(hn::MulAdd(w, hn::Load(d4, lanes + 4 * k), hn::LoadU(d4, a)), d4, a);
   }
 }
 
@@ -1260,11 +1309,14 @@ HWY_INLINE void Sums::FlushBlocks(D32 d32, hn::Vec<D32> h, hn::Vec<D32> l, int m
 // (IntBytes) but for the last group of four rows, which holds the block's
 // last row: those rows are widened to 4-bit rows first (4 run <= kIntWide3Bytes).
 // far: the requests kFarBytes ahead (PrefetchFar); false for rows widened
-// into a chunk (see WidenedChunks3).
-template <int kBits, int kQ, int kL, class D8>
+// into a chunk (see WidenedChunks3). kTiled (2 and 4 bits): the rows stored
+// as value tiles, whose vectors (TileGroup) are in slot order, so neither
+// transposed nor put back in order when flushed.
+template <int kBits, int kQ, int kL, bool kTiled, class D8>
 KVCAL_FLATTEN void AccumulateIntQ(D8 d8, const std::uint8_t* codes, std::int64_t rows, std::int64_t row_bytes,
                                   std::int64_t run, const std::int8_t* w8, std::int64_t limb_stride,
                                   std::int64_t w8_stride, const Sums& out, bool far = true) {
+  static_assert(!kTiled || kBits == 2 || kBits == 4, "value tiles hold 2- and 4-bit codes");
   constexpr int kPer = IntPhases(kBits), kX = kQ * kPer;
   constexpr int kFit = kAccVectors / (kL * kX);
   constexpr int kM = kFit >= 4 ? 4 : kFit >= 2 ? 2 : 1;
@@ -1303,7 +1355,13 @@ KVCAL_FLATTEN void AccumulateIntQ(D8 d8, const std::uint8_t* codes, std::int64_t
   }
   for (std::int64_t i = 0; i < run; i += N) {
     const std::int64_t at = IntOffset<kBits>(i);  // where vector i of a row is read from
-    for (std::int64_t r = 0; r < std::min(rows, kAhead); ++r) __builtin_prefetch(codes + r * row_bytes + at, 0, 3);
+    // Line k < 4 of this i's bytes of the group of four rows from r: a row's
+    // vector, or a vector of the group's tile.
+    const auto line = [&](std::int64_t r, std::int64_t k) {
+      return kTiled ? codes + r * row_bytes + 4 * at + k * N : codes + (r + k) * row_bytes + at;
+    };
+    for (std::int64_t r = 0; r < std::min(rows, kAhead); r += 4)
+      for (int k = 0; k < 4; ++k) __builtin_prefetch(line(r, k), 0, 3);
     // The transposed vectors a pass covers, fixed at compile time (the
     // interleavings of Transpose4::Apply chosen without a branch).
     Unroll<4 / kM>([&](auto mi) KVCAL_INLINE_LAMBDA {
@@ -1319,15 +1377,13 @@ KVCAL_FLATTEN void AccumulateIntQ(D8 d8, const std::uint8_t* codes, std::int64_t
       for (std::int64_t r0 = 0; r0 < rows; r0 += span) {
         hn::Vec<decltype(da)> ha[kM * kX], la[kM * kX];  // the same, for rows r0 .. r0 + span - 1
         Unroll<kM * kX>([&](auto x) { ha[x] = la[x] = hn::Zero(da); });
-        // One group of four rows of kB-bit codes (at base, stride apart),
-        // their weights from weights(w) for a query's limb of weights w.
-        const auto group = [&](const std::uint8_t* base, std::int64_t stride, auto weights,
-                               auto bits_c) KVCAL_INLINE_LAMBDA {
+        // One group of four rows of kB-bit codes, its vector m0 + mm from
+        // vec(mm), their weights from weights(w) for a query's limb of
+        // weights w.
+        const auto dots = [&](auto vec, auto weights, auto bits_c) KVCAL_INLINE_LAMBDA {
           constexpr int kB = decltype(bits_c)::value;
-          const auto c0 = IntBytes<kB>(d8, base, g3), c1 = IntBytes<kB>(d8, base + stride, g3);
-          const auto c2 = IntBytes<kB>(d8, base + 2 * stride, g3), c3 = IntBytes<kB>(d8, base + 3 * stride, g3);
           Unroll<kM>([&](auto mm) KVCAL_INLINE_LAMBDA {
-            const auto t = Transpose4<D8>::Apply(d8, c0, c1, c2, c3, m0 + mm);
+            const hn::Vec<D8> t = vec(mm);
             hn::Vec<D8> ph[kPer];
             Unroll<kPer>([&](auto k) KVCAL_INLINE_LAMBDA { ph[k] = KernelPhaseBytes<kMasked, kB, k, kSp>(d8, t); });
             Unroll<kQ>([&](auto j) KVCAL_INLINE_LAMBDA {
@@ -1347,21 +1403,36 @@ KVCAL_FLATTEN void AccumulateIntQ(D8 d8, const std::uint8_t* codes, std::int64_t
             });
           });
         };
+        // The same for rows at base, stride apart, transposed.
+        const auto group = [&](const std::uint8_t* base, std::int64_t stride, auto weights,
+                               auto bits_c) KVCAL_INLINE_LAMBDA {
+          constexpr int kB = decltype(bits_c)::value;
+          const auto c0 = IntBytes<kB>(d8, base, g3), c1 = IntBytes<kB>(d8, base + stride, g3);
+          const auto c2 = IntBytes<kB>(d8, base + 2 * stride, g3), c3 = IntBytes<kB>(d8, base + 3 * stride, g3);
+          dots([&](auto mm)
+                   KVCAL_INLINE_LAMBDA { return Transpose4<D8>::Apply(d8, c0, c1, c2, c3, m0 + decltype(mm)::value); },
+               weights, bits_c);
+        };
         const std::int64_t r1 = std::min(rows, r0 + span);
         std::int64_t r = r0;
         for (; r + 4 <= std::min(r1, direct); r += 4) {  // whole groups: no padding, four weights in one load
           if (m0 == 0) {                                 // the first pass streams the rows in; past the end is harmless
-            for (int k = 0; k < 4; ++k) __builtin_prefetch(codes + (r + k + kAhead) * row_bytes + at, 0, 3);
+            for (int k = 0; k < 4; ++k) __builtin_prefetch(line(r + kAhead, k), 0, 3);
             if (far && i == 0) PrefetchFar<kBits>(codes + r * row_bytes, 4 * row_bytes);
           }
-          group(
-              codes + r * row_bytes + at, row_bytes,
-              [&](const std::int8_t* w) KVCAL_INLINE_LAMBDA { return Weights4(d8, w, r, r + 4); },
-              std::integral_constant<int, kBits>());
+          const auto weights = [&](const std::int8_t* w) KVCAL_INLINE_LAMBDA { return Weights4(d8, w, r, r + 4); };
+          if constexpr (kTiled)
+            dots([&](auto mm) KVCAL_INLINE_LAMBDA { return hn::LoadU(d8, line(r, m0 + decltype(mm)::value)); },
+                 weights, std::integral_constant<int, kBits>());
+          else
+            group(codes + r * row_bytes + at, row_bytes, weights, std::integral_constant<int, kBits>());
         }
         if (r < r1) {  // the last rows, next to zero rows
           const auto weights = [&](const std::int8_t* w) { return Weights4(d8, w, r, rows); };
-          if constexpr (kBits == 3) {
+          if constexpr (kTiled) {
+            dots([&](auto mm) { return TileGroup(d8, codes, r, rows, row_bytes, at + (m0 + decltype(mm)::value) * N32); },
+                 weights, std::integral_constant<int, kBits>());
+          } else if constexpr (kBits == 3) {
             group(tail3 + i, run, weights, std::integral_constant<int, 4>());
           } else {
             std::int64_t stride = row_bytes;
@@ -1381,22 +1452,27 @@ KVCAL_FLATTEN void AccumulateIntQ(D8 d8, const std::uint8_t* codes, std::int64_t
       Unroll<kM * kX>([&](auto x) {
         constexpr int mm = decltype(x)::value / kX, q = decltype(x)::value % kX;
         const auto h = hn::Load(d32, hs + x * N32), l = kL == 2 ? hn::Load(d32, ls + x * N32) : h;
-        out.template FlushBlocks<kL>(d32, h, l, m0 + mm, q / kPer, q % kPer * run + i);
+        if constexpr (kTiled)
+          out.template FlushRun<kL>(d32, h, l, q / kPer, q % kPer * run + i + (m0 + mm) * N32);
+        else
+          out.template FlushBlocks<kL>(d32, h, l, m0 + mm, q / kPer, q % kPer * run + i);
       });
     });
   }
 }
 #endif
 
+// tiled: the rows stored as value tiles (2 and 4 bits only).
 template <int kL, class D8>
 void AccumulateIntPer(D8 d8, int bits, const std::uint8_t* codes, std::int64_t rows, std::int64_t row_bytes,
                       std::int64_t run, const std::int8_t* w8, std::int64_t limb_stride, std::int64_t nq,
-                      std::int64_t w8_stride, const Sums& out, [[maybe_unused]] bool far = true) {
+                      std::int64_t w8_stride, const Sums& out, bool tiled, [[maybe_unused]] bool far = true) {
   if (bits == 3) {
+    assert(!tiled);
 #if !HWY_HAVE_SCALABLE && KVCAL_ROW_KERNELS
     if constexpr (Fused3<kL>()) {
       if (4 * run <= kIntWide3Bytes) {  // its last four rows' widened copy fits
-        if (nq == 1) return AccumulateIntQ<3, 1, kL>(d8, codes, rows, row_bytes, run, w8, limb_stride, w8_stride, out);
+        if (nq == 1) return AccumulateIntQ<3, 1, kL, false>(d8, codes, rows, row_bytes, run, w8, limb_stride, w8_stride, out);
         // Groups too where the read is VBMI's two shuffles (IntBytes): the
         // value kernel then widens the codes once per pass, on the shuffle
         // port, instead of storing and reloading them widened. hex3@int8
@@ -1404,7 +1480,7 @@ void AccumulateIntPer(D8 d8, int bits, const std::uint8_t* codes, std::int64_t r
         // rounds: 3-4% less time (as well as the VBMI read's 2-3%).
         if constexpr (VbmiRead3(D8())) {
           InGroupsOf4(nq, [&](auto kq, std::int64_t j) {
-            AccumulateIntQ<3, decltype(kq)::value, kL>(d8, codes, rows, row_bytes, run, w8 + j * w8_stride, limb_stride,
+            AccumulateIntQ<3, decltype(kq)::value, kL, false>(d8, codes, rows, row_bytes, run, w8 + j * w8_stride, limb_stride,
                                                        w8_stride, out.Query(j));
           });
           return;
@@ -1413,7 +1489,7 @@ void AccumulateIntPer(D8 d8, int bits, const std::uint8_t* codes, std::int64_t r
       WidenedChunks3<true, true>(
           codes, rows, row_bytes, 2 * run, [&](const std::uint8_t* wide, std::int64_t n, std::int64_t r0) {
             InGroupsOf4(nq, [&](auto kq, std::int64_t j) {
-              AccumulateIntQ<kWide3, decltype(kq)::value, kL>(d8, wide, n, run, run, w8 + j * w8_stride + r0,
+              AccumulateIntQ<kWide3, decltype(kq)::value, kL, false>(d8, wide, n, run, run, w8 + j * w8_stride + r0,
                                                               limb_stride, w8_stride, out.Query(j), false);
             });
           });
@@ -1422,73 +1498,102 @@ void AccumulateIntPer(D8 d8, int bits, const std::uint8_t* codes, std::int64_t r
 #endif
     WidenedChunks3<false, true>(
         codes, rows, row_bytes, 2 * run, [&](const std::uint8_t* wide, std::int64_t n, std::int64_t r0) {
-          AccumulateIntPer<kL>(d8, 4, wide, n, run, run, w8 + r0, limb_stride, nq, w8_stride, out, false);
+          AccumulateIntPer<kL>(d8, 4, wide, n, run, run, w8 + r0, limb_stride, nq, w8_stride, out, false, false);
         });
     return;
   }
 #if HWY_HAVE_SCALABLE || !KVCAL_ROW_KERNELS
-  for (std::int64_t j = 0; j < nq; ++j) {
+  const auto one = [&](auto per_c, auto tiled_c) {
+    for (std::int64_t j = 0; j < nq; ++j)
+      AccumulateInt<decltype(per_c)::value, 2, kL, decltype(tiled_c)::value>(
+          d8, codes, rows, row_bytes, run, w8 + j * w8_stride, limb_stride, out.Query(j));
+  };
+  const auto per = [&](auto tiled_c) {
     if (bits == 2)
-      AccumulateInt<4, 2, kL>(d8, codes, rows, row_bytes, run, w8 + j * w8_stride, limb_stride, out.Query(j));
+      one(std::integral_constant<int, 4>(), tiled_c);
     else
-      AccumulateInt<2, 2, kL>(d8, codes, rows, row_bytes, run, w8 + j * w8_stride, limb_stride, out.Query(j));
-  }
+      one(std::integral_constant<int, 2>(), tiled_c);
+  };
 #else
-  // Queries in groups whose accumulators (kL limbs per phase) fit the registers.
-  const auto groups = [&](auto bits_c) {
+  // Queries in groups whose accumulators (kL limbs per phase) fit the
+  // registers; over value tiles, groups of at most four (there is no
+  // transposition for larger groups to share).
+  const auto groups = [&](auto bits_c, auto tiled_c) {
     constexpr int kBits = decltype(bits_c)::value;
-    constexpr int kG = std::max(1, kAccVectors / (kL * IntPhases(kBits)));
+    constexpr bool kTiled = decltype(tiled_c)::value;
+    constexpr int kFitG = std::max(1, kAccVectors / (kL * IntPhases(kBits)));
+    constexpr int kG = kTiled ? std::min(4, kFitG) : kFitG;
     for (std::int64_t j = 0; j < nq; j += kG) {
       const std::int8_t* wj = w8 + j * w8_stride;
       const Sums aj = out.Query(j);
       const std::int64_t g = std::min<std::int64_t>(kG, nq - j);
       Unroll<kG>([&](auto q) {
         if (q + 1 == g)
-          AccumulateIntQ<kBits, q + 1, kL>(d8, codes, rows, row_bytes, run, wj, limb_stride, w8_stride, aj, far);
+          AccumulateIntQ<kBits, q + 1, kL, kTiled>(d8, codes, rows, row_bytes, run, wj, limb_stride, w8_stride, aj,
+                                                   far);
       });
     }
   };
-  if (bits == 2)
-    groups(std::integral_constant<int, 2>());
-  else
-    groups(std::integral_constant<int, 4>());
+  const auto per = [&](auto tiled_c) {
+    if (bits == 2)
+      groups(std::integral_constant<int, 2>(), tiled_c);
+    else
+      groups(std::integral_constant<int, 4>(), tiled_c);
+  };
 #endif
+  if (tiled)
+    per(std::true_type());
+  else
+    per(std::false_type());
 }
 
 // The value kernels into out where they take the layout (WithIntKernel);
 // false where the caller runs the reference instead.
 bool AccumulateIntKernel(const std::uint8_t* codes, std::int64_t rows, std::int64_t row_bytes, int bits,
                          std::int64_t dim, int limbs, const std::int8_t* w8, std::int64_t nq, std::int64_t w8_stride,
-                         const Sums& out) {
+                         const Sums& out, bool tiled = false) {
+  if (tiled && bits == 3) return false;  // not a layout of these kernels (value_tiles_layout)
   return WithIntKernel(bits, dim, limbs, [&](auto d8, auto kl, std::int64_t run) {
-    AccumulateIntPer<decltype(kl)::value>(d8, bits, codes, rows, row_bytes, run, w8, rows, nq, w8_stride, out);
+    AccumulateIntPer<decltype(kl)::value>(d8, bits, codes, rows, row_bytes, run, w8, rows, nq, w8_stride, out, tiled);
   });
 }
 #endif  // HWY_TARGET != HWY_SCALAR
 
+// The rows of codes stored as value tiles, back in rows (in a buffer per
+// thread), for the references; codes as they are otherwise.
+const std::uint8_t* RowsOf(const std::uint8_t* codes, std::int64_t rows, std::int64_t row_bytes, bool tiled) {
+  if (!tiled) return codes;
+  thread_local std::vector<std::uint8_t> buf;
+  buf.resize(static_cast<std::size_t>(rows * row_bytes));
+  value_tiles_to_rows(codes, rows, row_bytes, buf.data());
+  return buf.data();
+}
+
 void CodeAccumulateInt(const std::uint8_t* codes, std::int64_t rows, std::int64_t row_bytes, int bits, std::int64_t dim,
                        int limbs, const std::int8_t* w8, std::int64_t nq, std::int64_t w8_stride, std::int32_t* acc,
-                       std::int64_t acc_stride) {
+                       std::int64_t acc_stride, bool tiled) {
 #if HWY_TARGET != HWY_SCALAR
   if (AccumulateIntKernel(codes, rows, row_bytes, bits, dim, limbs, w8, nq, w8_stride,
-                          Sums{acc, nullptr, nullptr, acc_stride}))
+                          Sums{acc, nullptr, nullptr, acc_stride}, tiled))
     return;
 #endif
-  code_accumulate_int_reference(codes, rows, row_bytes, bits, dim, limbs, w8, nq, w8_stride, acc, acc_stride);
+  code_accumulate_int_reference(RowsOf(codes, rows, row_bytes, tiled), rows, row_bytes, bits, dim, limbs, w8, nq,
+                                w8_stride, acc, acc_stride);
 }
 
 // See kernels_cpu.h: code_accumulate_int_scaled.
 void CodeAccumulateIntScaled(const std::uint8_t* codes, std::int64_t rows, std::int64_t row_bytes, int bits,
                              std::int64_t dim, int limbs, const std::int8_t* w8, std::int64_t nq,
                              std::int64_t w8_stride, const float* ws, float* acc, std::int64_t acc_stride,
-                             std::int32_t* scratch) {
+                             std::int32_t* scratch, bool tiled) {
 #if HWY_TARGET != HWY_SCALAR
   if (AccumulateIntKernel(codes, rows, row_bytes, bits, dim, limbs, w8, nq, w8_stride,
-                          Sums{nullptr, acc, ws, acc_stride}))
+                          Sums{nullptr, acc, ws, acc_stride}, tiled))
     return;
 #endif
   std::fill(scratch, scratch + nq * dim, 0);
-  code_accumulate_int_reference(codes, rows, row_bytes, bits, dim, limbs, w8, nq, w8_stride, scratch, dim);
+  code_accumulate_int_reference(RowsOf(codes, rows, row_bytes, tiled), rows, row_bytes, bits, dim, limbs, w8, nq,
+                                w8_stride, scratch, dim);
   for (std::int64_t j = 0; j < nq; ++j) AxpyInt(ws[j], scratch + j * dim, acc + j * acc_stride, dim);
 }
 
@@ -1755,6 +1860,28 @@ bool int_dot_layout(int bits, std::int64_t dim) {
 
 bool key_tiles_layout(int bits, std::int64_t dim) { return int_dot_layout(bits, dim); }
 
+bool value_tiles_layout(int bits, std::int64_t dim) { return bits != 3 && int_dot_layout(bits, dim); }
+
+void rows_to_value_tiles(const std::uint8_t* in, std::int64_t rows, std::int64_t row_bytes, std::uint8_t* out) {
+  const std::int64_t whole = rows / kValueTileRows * kValueTileRows;
+  for (std::int64_t r = 0; r < whole; r += kValueTileRows)
+    for (std::int64_t k = 0; k < kValueTileRows; ++k)
+      for (std::int64_t b = 0; b < row_bytes; ++b)
+        out[r * row_bytes + kValueTileRows * b + k] = in[(r + k) * row_bytes + b];
+  if (rows > whole)  // the rows after the last whole group, as they are
+    std::memcpy(out + whole * row_bytes, in + whole * row_bytes, static_cast<std::size_t>((rows - whole) * row_bytes));
+}
+
+void value_tiles_to_rows(const std::uint8_t* in, std::int64_t rows, std::int64_t row_bytes, std::uint8_t* out) {
+  const std::int64_t whole = rows / kValueTileRows * kValueTileRows;
+  for (std::int64_t r = 0; r < whole; r += kValueTileRows)
+    for (std::int64_t k = 0; k < kValueTileRows; ++k)
+      for (std::int64_t b = 0; b < row_bytes; ++b)
+        out[(r + k) * row_bytes + b] = in[r * row_bytes + kValueTileRows * b + k];
+  if (rows > whole)  // the rows after the last whole group, as they are
+    std::memcpy(out + whole * row_bytes, in + whole * row_bytes, static_cast<std::size_t>((rows - whole) * row_bytes));
+}
+
 namespace {
 // Calls f(tile offset, row offset, n) for each unit: n bytes at the first
 // offset in the tile layout, at the second in the rows.
@@ -1788,26 +1915,57 @@ void widen_codes3(const std::uint8_t* codes, std::int64_t rows, std::int64_t dim
 
 void code_accumulate_int(const std::uint8_t* codes, std::int64_t rows, std::int64_t row_bytes, int bits,
                          std::int64_t dim, int limbs, const std::int8_t* w8, std::int64_t nq, std::int64_t w8_stride,
-                         std::int32_t* acc, std::int64_t acc_stride) {
+                         std::int32_t* acc, std::int64_t acc_stride, bool tiled) {
 #if KVCAL_HAVE_AVXVNNI_KERNELS
   if (avx_vnni_active())
-    return N_AVX2_VNNI::CodeAccumulateInt(codes, rows, row_bytes, bits, dim, limbs, w8, nq, w8_stride, acc, acc_stride);
+    return N_AVX2_VNNI::CodeAccumulateInt(codes, rows, row_bytes, bits, dim, limbs, w8, nq, w8_stride, acc, acc_stride,
+                                          tiled);
 #endif
   HWY_DYNAMIC_DISPATCH(CodeAccumulateInt)
-  (codes, rows, row_bytes, bits, dim, limbs, w8, nq, w8_stride, acc, acc_stride);
+  (codes, rows, row_bytes, bits, dim, limbs, w8, nq, w8_stride, acc, acc_stride, tiled);
 }
+
+void code_accumulate_int(const std::uint8_t* codes, std::int64_t rows, std::int64_t row_bytes, int bits,
+                         std::int64_t dim, int limbs, const std::int8_t* w8, std::int64_t nq, std::int64_t w8_stride,
+                         std::int32_t* acc, std::int64_t acc_stride) {
+  code_accumulate_int(codes, rows, row_bytes, bits, dim, limbs, w8, nq, w8_stride, acc, acc_stride, false);
+}
+
+void code_accumulate_int_tiles(const std::uint8_t* codes, std::int64_t rows, std::int64_t row_bytes, int bits,
+                               std::int64_t dim, int limbs, const std::int8_t* w8, std::int64_t nq,
+                               std::int64_t w8_stride, std::int32_t* acc, std::int64_t acc_stride) {
+  code_accumulate_int(codes, rows, row_bytes, bits, dim, limbs, w8, nq, w8_stride, acc, acc_stride, true);
+}
+
+namespace {
+void code_accumulate_int_scaled(const std::uint8_t* codes, std::int64_t rows, std::int64_t row_bytes, int bits,
+                                std::int64_t dim, int limbs, const std::int8_t* w8, std::int64_t nq,
+                                std::int64_t w8_stride, const float* ws, float* acc, std::int64_t acc_stride,
+                                std::int32_t* scratch, bool tiled) {
+#if KVCAL_HAVE_AVXVNNI_KERNELS
+  if (avx_vnni_active())
+    return N_AVX2_VNNI::CodeAccumulateIntScaled(codes, rows, row_bytes, bits, dim, limbs, w8, nq, w8_stride, ws, acc,
+                                                acc_stride, scratch, tiled);
+#endif
+  HWY_DYNAMIC_DISPATCH(CodeAccumulateIntScaled)
+  (codes, rows, row_bytes, bits, dim, limbs, w8, nq, w8_stride, ws, acc, acc_stride, scratch, tiled);
+}
+}  // namespace
 
 void code_accumulate_int_scaled(const std::uint8_t* codes, std::int64_t rows, std::int64_t row_bytes, int bits,
                                 std::int64_t dim, int limbs, const std::int8_t* w8, std::int64_t nq,
                                 std::int64_t w8_stride, const float* ws, float* acc, std::int64_t acc_stride,
                                 std::int32_t* scratch) {
-#if KVCAL_HAVE_AVXVNNI_KERNELS
-  if (avx_vnni_active())
-    return N_AVX2_VNNI::CodeAccumulateIntScaled(codes, rows, row_bytes, bits, dim, limbs, w8, nq, w8_stride, ws, acc,
-                                                acc_stride, scratch);
-#endif
-  HWY_DYNAMIC_DISPATCH(CodeAccumulateIntScaled)
-  (codes, rows, row_bytes, bits, dim, limbs, w8, nq, w8_stride, ws, acc, acc_stride, scratch);
+  code_accumulate_int_scaled(codes, rows, row_bytes, bits, dim, limbs, w8, nq, w8_stride, ws, acc, acc_stride, scratch,
+                             false);
+}
+
+void code_accumulate_int_tiles_scaled(const std::uint8_t* codes, std::int64_t rows, std::int64_t row_bytes, int bits,
+                                      std::int64_t dim, int limbs, const std::int8_t* w8, std::int64_t nq,
+                                      std::int64_t w8_stride, const float* ws, float* acc, std::int64_t acc_stride,
+                                      std::int32_t* scratch) {
+  code_accumulate_int_scaled(codes, rows, row_bytes, bits, dim, limbs, w8, nq, w8_stride, ws, acc, acc_stride, scratch,
+                             true);
 }
 
 float quantize_weights14(const float* w, std::int64_t n, std::int8_t* limbs) {

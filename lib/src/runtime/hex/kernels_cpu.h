@@ -156,6 +156,24 @@ void key_tiles_to_rows(const std::uint8_t* in, std::int64_t rows, std::int64_t r
 void code_scores_int_tiles(const std::uint8_t* codes, std::int64_t rows, std::int64_t row_bytes, int bits,
                            std::int64_t dim, int limbs, const std::int8_t* w8, std::int64_t nq, std::int64_t w8_stride,
                            std::int32_t* out, std::int64_t out_stride);
+// Value tiles: the layout of a block's value codes where the cache stores
+// them for the integer value kernels (HexBlockView::v_tiled). Rows go in
+// groups of kValueTileRows = 4, byte b of row k of the group that starts at
+// row r at byte r * row_bytes + 4 b + k; the rows % 4 rows left after the
+// last whole group stay rows, where they were. The same bytes as the rows,
+// rearranged. A vector of a group's bytes holds four rows' bytes of N / 4
+// byte positions, one position per 32-bit lane, as VPDPBUSD (or its
+// equivalent) multiplies them by the four rows' weights: the value kernel
+// over rows transposes each group of rows into that order first.
+inline constexpr std::int64_t kValueTileRows = 4;
+// Whether the integer value kernels read value tiles of rows of `bits`-bit
+// codes and dim channels (2 and 4 bits in the integer kernels' layout;
+// other layouts are untiled for the reference).
+bool value_tiles_layout(int bits, std::int64_t dim);
+// rows (row-major, row_bytes each) to value tiles and back; in and out
+// apart, rows * row_bytes bytes each.
+void rows_to_value_tiles(const std::uint8_t* in, std::int64_t rows, std::int64_t row_bytes, std::uint8_t* out);
+void value_tiles_to_rows(const std::uint8_t* in, std::int64_t rows, std::int64_t row_bytes, std::uint8_t* out);
 // Integer value accumulation: acc[j * acc_stride + slot] += sum_r w_j[r] *
 // code_r(slot), exact, w8 + j * w8_stride holding the rows' weights as
 // above (with two limbs: hi for the rows, then lo for the rows).
@@ -172,6 +190,14 @@ void code_accumulate_int_scaled(const std::uint8_t* codes, std::int64_t rows, st
                                 std::int64_t dim, int limbs, const std::int8_t* w8, std::int64_t nq,
                                 std::int64_t w8_stride, const float* ws, float* acc, std::int64_t acc_stride,
                                 std::int32_t* scratch);
+// Both over rows stored as value tiles (the same sums, bit for bit).
+void code_accumulate_int_tiles(const std::uint8_t* codes, std::int64_t rows, std::int64_t row_bytes, int bits,
+                               std::int64_t dim, int limbs, const std::int8_t* w8, std::int64_t nq,
+                               std::int64_t w8_stride, std::int32_t* acc, std::int64_t acc_stride);
+void code_accumulate_int_tiles_scaled(const std::uint8_t* codes, std::int64_t rows, std::int64_t row_bytes, int bits,
+                                      std::int64_t dim, int limbs, const std::int8_t* w8, std::int64_t nq,
+                                      std::int64_t w8_stride, const float* ws, float* acc, std::int64_t acc_stride,
+                                      std::int32_t* scratch);
 // The 14-bit fixed-point weights of the int14 path: v_i = round(w_i * 8191
 // / max|w|) (half to even), as two int8 limbs: hi = floor(v / 128) in
 // limbs[0, n), lo = v - 128 hi in limbs[n, 2n). Returns s = max|w| / 8191 (0

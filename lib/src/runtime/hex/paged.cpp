@@ -70,7 +70,10 @@ void hex_page_write(const HexPageGeometry& g, const HexBlockView& b, std::uint8_
     detail::key_tiles_to_rows(b.k_codes, quant, g.row_bytes(), g.bits, page + g.off_k_codes());
   } else
     put(g.off_k_codes(), b.k_codes, quant * g.row_bytes());
-  put(g.off_v_codes(), b.v_codes, quant * g.row_bytes());
+  if (b.v_tiled)
+    detail::value_tiles_to_rows(b.v_codes, quant, g.row_bytes(), page + g.off_v_codes());
+  else
+    put(g.off_v_codes(), b.v_codes, quant * g.row_bytes());
   put(g.off_k_params(), b.k_params, d * 4);
   put(g.off_v_params(), b.v_params, quant * 4);
   put(g.off_k_sparse(), b.k_sparse, quant * b.mask_degree * 2);
