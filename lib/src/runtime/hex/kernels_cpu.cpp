@@ -1913,6 +1913,8 @@ void widen_codes3(const std::uint8_t* codes, std::int64_t rows, std::int64_t dim
   HWY_DYNAMIC_DISPATCH(WidenCodes3To4)(codes, rows * dim / 8, out);
 }
 
+namespace {
+// The entry points below, over rows or (tiled) value tiles.
 void code_accumulate_int(const std::uint8_t* codes, std::int64_t rows, std::int64_t row_bytes, int bits,
                          std::int64_t dim, int limbs, const std::int8_t* w8, std::int64_t nq, std::int64_t w8_stride,
                          std::int32_t* acc, std::int64_t acc_stride, bool tiled) {
@@ -1925,19 +1927,6 @@ void code_accumulate_int(const std::uint8_t* codes, std::int64_t rows, std::int6
   (codes, rows, row_bytes, bits, dim, limbs, w8, nq, w8_stride, acc, acc_stride, tiled);
 }
 
-void code_accumulate_int(const std::uint8_t* codes, std::int64_t rows, std::int64_t row_bytes, int bits,
-                         std::int64_t dim, int limbs, const std::int8_t* w8, std::int64_t nq, std::int64_t w8_stride,
-                         std::int32_t* acc, std::int64_t acc_stride) {
-  code_accumulate_int(codes, rows, row_bytes, bits, dim, limbs, w8, nq, w8_stride, acc, acc_stride, false);
-}
-
-void code_accumulate_int_tiles(const std::uint8_t* codes, std::int64_t rows, std::int64_t row_bytes, int bits,
-                               std::int64_t dim, int limbs, const std::int8_t* w8, std::int64_t nq,
-                               std::int64_t w8_stride, std::int32_t* acc, std::int64_t acc_stride) {
-  code_accumulate_int(codes, rows, row_bytes, bits, dim, limbs, w8, nq, w8_stride, acc, acc_stride, true);
-}
-
-namespace {
 void code_accumulate_int_scaled(const std::uint8_t* codes, std::int64_t rows, std::int64_t row_bytes, int bits,
                                 std::int64_t dim, int limbs, const std::int8_t* w8, std::int64_t nq,
                                 std::int64_t w8_stride, const float* ws, float* acc, std::int64_t acc_stride,
@@ -1951,6 +1940,18 @@ void code_accumulate_int_scaled(const std::uint8_t* codes, std::int64_t rows, st
   (codes, rows, row_bytes, bits, dim, limbs, w8, nq, w8_stride, ws, acc, acc_stride, scratch, tiled);
 }
 }  // namespace
+
+void code_accumulate_int(const std::uint8_t* codes, std::int64_t rows, std::int64_t row_bytes, int bits,
+                         std::int64_t dim, int limbs, const std::int8_t* w8, std::int64_t nq, std::int64_t w8_stride,
+                         std::int32_t* acc, std::int64_t acc_stride) {
+  code_accumulate_int(codes, rows, row_bytes, bits, dim, limbs, w8, nq, w8_stride, acc, acc_stride, false);
+}
+
+void code_accumulate_int_tiles(const std::uint8_t* codes, std::int64_t rows, std::int64_t row_bytes, int bits,
+                               std::int64_t dim, int limbs, const std::int8_t* w8, std::int64_t nq,
+                               std::int64_t w8_stride, std::int32_t* acc, std::int64_t acc_stride) {
+  code_accumulate_int(codes, rows, row_bytes, bits, dim, limbs, w8, nq, w8_stride, acc, acc_stride, true);
+}
 
 void code_accumulate_int_scaled(const std::uint8_t* codes, std::int64_t rows, std::int64_t row_bytes, int bits,
                                 std::int64_t dim, int limbs, const std::int8_t* w8, std::int64_t nq,
