@@ -820,12 +820,12 @@ TEST(HexKernels, ValueTilesAccumulateAsRows) {
                 for (auto& x : f0) x = static_cast<float>(byte(rng)) - 100.5f;
                 auto ft = f0, fr = f0;
                 std::vector<std::int32_t> scratch(static_cast<std::size_t>(nq * dim), 12345);
-                code_accumulate_int_tiles_scaled(tiles.data(), rows, rb, bits, dim, limbs, a.data(), nq, as,
-                                                 sw.data(), ft.data(), cs, scratch.data());
+                code_accumulate_int_tiles_scaled(tiles.data(), rows, rb, bits, dim, limbs, a.data(), nq, as, sw.data(),
+                                                 ft.data(), cs, scratch.data());
                 if (bits == 3) {  // untiled, the reference's sums scaled once
                   std::vector<std::int32_t> sums(static_cast<std::size_t>(nq * dim), 0);
-                  code_accumulate_int_reference(codes.data(), rows, rb, bits, dim, limbs, a.data(), nq, as,
-                                                sums.data(), dim);
+                  code_accumulate_int_reference(codes.data(), rows, rb, bits, dim, limbs, a.data(), nq, as, sums.data(),
+                                                dim);
                   for (i64 j = 0; j < nq; ++j)
                     axpy_int(sw[static_cast<std::size_t>(j)], sums.data() + j * dim, fr.data() + j * cs, dim);
                 } else {

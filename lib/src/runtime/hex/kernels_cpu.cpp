@@ -1138,7 +1138,8 @@ HWY_INLINE hn::Vec<D8> TileGroup(D8 d8, const std::uint8_t* codes, std::int64_t 
   const hn::Rebind<std::uint8_t, decltype(du32)> dq;
   auto v = hn::Zero(du32);
   for (std::int64_t k = 0; r + k < rows; ++k)
-    v = hn::Or(v, hn::ShiftLeftSame(hn::PromoteTo(du32, hn::LoadU(dq, g + k * row_bytes + col)), static_cast<int>(8 * k)));
+    v = hn::Or(v,
+               hn::ShiftLeftSame(hn::PromoteTo(du32, hn::LoadU(dq, g + k * row_bytes + col)), static_cast<int>(8 * k)));
   return hn::BitCast(d8, v);
 }
 
@@ -1422,16 +1423,19 @@ KVCAL_FLATTEN void AccumulateIntQ(D8 d8, const std::uint8_t* codes, std::int64_t
           }
           const auto weights = [&](const std::int8_t* w) KVCAL_INLINE_LAMBDA { return Weights4(d8, w, r, r + 4); };
           if constexpr (kTiled)
-            dots([&](auto mm) KVCAL_INLINE_LAMBDA { return hn::LoadU(d8, line(r, m0 + decltype(mm)::value)); },
-                 weights, std::integral_constant<int, kBits>());
+            dots([&](auto mm) KVCAL_INLINE_LAMBDA { return hn::LoadU(d8, line(r, m0 + decltype(mm)::value)); }, weights,
+                 std::integral_constant<int, kBits>());
           else
             group(codes + r * row_bytes + at, row_bytes, weights, std::integral_constant<int, kBits>());
         }
         if (r < r1) {  // the last rows, next to zero rows
           const auto weights = [&](const std::int8_t* w) { return Weights4(d8, w, r, rows); };
           if constexpr (kTiled) {
-            dots([&](auto mm) { return TileGroup(d8, codes, r, rows, row_bytes, at + (m0 + decltype(mm)::value) * N32); },
-                 weights, std::integral_constant<int, kBits>());
+            dots(
+                [&](auto mm) {
+                  return TileGroup(d8, codes, r, rows, row_bytes, at + (m0 + decltype(mm)::value) * N32);
+                },
+                weights, std::integral_constant<int, kBits>());
           } else if constexpr (kBits == 3) {
             group(tail3 + i, run, weights, std::integral_constant<int, 4>());
           } else {
@@ -1472,7 +1476,8 @@ void AccumulateIntPer(D8 d8, int bits, const std::uint8_t* codes, std::int64_t r
 #if !HWY_HAVE_SCALABLE && KVCAL_ROW_KERNELS
     if constexpr (Fused3<kL>()) {
       if (4 * run <= kIntWide3Bytes) {  // its last four rows' widened copy fits
-        if (nq == 1) return AccumulateIntQ<3, 1, kL, false>(d8, codes, rows, row_bytes, run, w8, limb_stride, w8_stride, out);
+        if (nq == 1)
+          return AccumulateIntQ<3, 1, kL, false>(d8, codes, rows, row_bytes, run, w8, limb_stride, w8_stride, out);
         // Groups too where the read is VBMI's two shuffles (IntBytes): the
         // value kernel then widens the codes once per pass, on the shuffle
         // port, instead of storing and reloading them widened. hex3@int8
@@ -1480,8 +1485,8 @@ void AccumulateIntPer(D8 d8, int bits, const std::uint8_t* codes, std::int64_t r
         // rounds: 3-4% less time (as well as the VBMI read's 2-3%).
         if constexpr (VbmiRead3(D8())) {
           InGroupsOf4(nq, [&](auto kq, std::int64_t j) {
-            AccumulateIntQ<3, decltype(kq)::value, kL, false>(d8, codes, rows, row_bytes, run, w8 + j * w8_stride, limb_stride,
-                                                       w8_stride, out.Query(j));
+            AccumulateIntQ<3, decltype(kq)::value, kL, false>(d8, codes, rows, row_bytes, run, w8 + j * w8_stride,
+                                                              limb_stride, w8_stride, out.Query(j));
           });
           return;
         }
@@ -1490,7 +1495,7 @@ void AccumulateIntPer(D8 d8, int bits, const std::uint8_t* codes, std::int64_t r
           codes, rows, row_bytes, 2 * run, [&](const std::uint8_t* wide, std::int64_t n, std::int64_t r0) {
             InGroupsOf4(nq, [&](auto kq, std::int64_t j) {
               AccumulateIntQ<kWide3, decltype(kq)::value, kL, false>(d8, wide, n, run, run, w8 + j * w8_stride + r0,
-                                                              limb_stride, w8_stride, out.Query(j), false);
+                                                                     limb_stride, w8_stride, out.Query(j), false);
             });
           });
       return;
