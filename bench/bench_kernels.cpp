@@ -392,7 +392,7 @@ int register_all() {
       benchmark::RegisterBenchmark(("kernel/scores_tiles/" + s).c_str(), scores_tiles, s)
           ->ArgsProduct({{4, 3, 2}, {1, 4}, {96, 94}});
       benchmark::RegisterBenchmark(("kernel/accumulate_tiles/" + s).c_str(), accumulate_tiles, s)
-          ->ArgsProduct({{4, 2}, {1, 4}, {96, 94}, {1, 0}});
+          ->ArgsProduct({{4, 3, 2}, {1, 4}, {96, 94}, {1, 0}});
     }
   }
   benchmark::RegisterBenchmark("kernel/scores_stream", scores_stream)->ArgsProduct({{1, 32, 512}, {1, 4}});

@@ -615,8 +615,9 @@ void check_block_decode(HexDot dot = HexDot::float32) {
               // The same block with its values as value tiles
               // (HexBlockView::v_tiled), tiled here from the layout's
               // definition (value_byte): the same sums bit for bit, the same
-              // values dequantized (3-bit tiles, not a layout of the integer
-              // kernels, untiled for the reference).
+              // values dequantized (3-bit tiles: read by the integer kernels
+              // where value_tiles_layout says so, untiled for the reference
+              // elsewhere).
               const i64 rb = b.row_bytes, nqr = b.quant_rows();
               std::vector<std::uint8_t> tiled(static_cast<std::size_t>(nqr * rb));
               HexBlockView bt = b;

@@ -23,6 +23,9 @@
 #include <vector>
 
 #include <hwy/targets.h>
+
+#include <sys/mman.h>
+#include <unistd.h>
 #if defined(__x86_64__)
 #include <cpuid.h>
 #endif
@@ -760,15 +763,25 @@ TEST(HexKernels, KeyTilesScoreAsRows) {
 // for bit -- the int32 sums against the scalar reference, the scaled sums
 // against the row kernel's -- for groups of queries up to and past those the
 // kernels take at once, the last group of four rows whole or not, and weights
-// at their extremes. 3-bit rows are not a layout of these kernels
-// (value_tiles_layout): they are untiled for the reference.
+// at their extremes. 3-bit tiles are a layout of the kernels where
+// value_tiles_layout says so (VBMI, int8); elsewhere they are untiled for
+// the reference, whose sums, scaled once, the kernels' equal there.
 TEST(HexKernels, ValueTilesAccumulateAsRows) {
   on_every_target([] {
     std::mt19937_64 rng(0x76746c73);
     std::uniform_int_distribution<int> byte(0, 255), hi(-64, 63), lo(0, 127), w8(-127, 127);
-    EXPECT_FALSE(value_tiles_layout(3, 128));
-    EXPECT_TRUE(value_tiles_layout(4, 128));
-    EXPECT_TRUE(value_tiles_layout(2, 128));
+    for (const int limbs : {1, 2}) {
+      EXPECT_TRUE(value_tiles_layout(4, 128, limbs));
+      EXPECT_TRUE(value_tiles_layout(2, 128, limbs));
+      EXPECT_FALSE(value_tiles_layout(3, 32, limbs));  // vectors of 16 bytes
+      EXPECT_FALSE(value_tiles_layout(3, 160, limbs));  // the same
+    }
+    EXPECT_FALSE(value_tiles_layout(3, 128, 2));
+    if (value_tiles_layout(3, 128, 1)) {
+      EXPECT_STREQ(kernel_target(), "AVX3_DL");
+      EXPECT_TRUE(value_tiles_layout(3, 64, 1));
+      EXPECT_TRUE(value_tiles_layout(3, 256, 1));
+    }
     for (const int bits : {2, 3, 4})
       for (const i64 dim : {32, 64, 128, 256})
         for (const int limbs : {1, 2})
@@ -822,7 +835,7 @@ TEST(HexKernels, ValueTilesAccumulateAsRows) {
                 std::vector<std::int32_t> scratch(static_cast<std::size_t>(nq * dim), 12345);
                 code_accumulate_int_tiles_scaled(tiles.data(), rows, rb, bits, dim, limbs, a.data(), nq, as, sw.data(),
                                                  ft.data(), cs, scratch.data());
-                if (bits == 3) {  // untiled, the reference's sums scaled once
+                if (bits == 3 && !value_tiles_layout(3, dim, limbs)) {  // untiled, the reference's sums scaled once
                   std::vector<std::int32_t> sums(static_cast<std::size_t>(nq * dim), 0);
                   code_accumulate_int_reference(codes.data(), rows, rb, bits, dim, limbs, a.data(), nq, as, sums.data(),
                                                 dim);
@@ -836,6 +849,41 @@ TEST(HexKernels, ValueTilesAccumulateAsRows) {
               }
             }
   });
+}
+
+// The value kernels over tiles read nothing past a block's codes (the 3-bit
+// read loads a tile's windows with masks, a quarter of each vector left
+// out): the codes end where a page the process may not read begins, so a
+// read past them faults. Sums as the reference's over the rows.
+TEST(HexKernels, ValueTilesReadNothingPastTheirBytes) {
+  const auto page = static_cast<std::size_t>(sysconf(_SC_PAGESIZE));
+  const std::size_t readable = (256 / 2 * 97 + page - 1) / page * page;  // the largest block below
+  void* map = mmap(nullptr, readable + page, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  ASSERT_NE(map, MAP_FAILED);
+  ASSERT_EQ(mprotect(static_cast<std::uint8_t*>(map) + readable, page, PROT_NONE), 0);
+  on_every_target([&] {
+    std::mt19937_64 rng(0x67756172);
+    std::uniform_int_distribution<int> byte(0, 255), w8(-127, 127);
+    for (const int bits : {2, 3, 4})
+      for (const i64 dim : {64, 128, 256})
+        for (const i64 rows : {4, 8, 94, 96, 97})
+          for (const i64 nq : {1, 4}) {
+            SCOPED_TRACE("bits " + std::to_string(bits) + " dim " + std::to_string(dim) + " rows " +
+                         std::to_string(rows) + " nq " + std::to_string(nq));
+            const i64 rb = packed_bytes(dim, bits), n = rows * rb;
+            std::vector<std::uint8_t> codes(static_cast<std::size_t>(n));
+            for (auto& c : codes) c = static_cast<std::uint8_t>(byte(rng));
+            std::uint8_t* tiles = static_cast<std::uint8_t*>(map) + readable - n;  // the last bytes before the page
+            rows_to_value_tiles(codes.data(), rows, rb, tiles);
+            std::vector<std::int8_t> a(static_cast<std::size_t>(nq * rows));
+            for (auto& x : a) x = static_cast<std::int8_t>(w8(rng));
+            std::vector<std::int32_t> acc(static_cast<std::size_t>(nq * dim), 5), ref(acc);
+            code_accumulate_int_tiles(tiles, rows, rb, bits, dim, 1, a.data(), nq, rows, acc.data(), dim);
+            code_accumulate_int_reference(codes.data(), rows, rb, bits, dim, 1, a.data(), nq, rows, ref.data(), dim);
+            ASSERT_EQ(acc, ref);
+          }
+  });
+  munmap(map, readable + page);
 }
 
 // Wide 3-bit rows, up to the widest the integer kernels take (dim / 2 =

@@ -211,8 +211,8 @@ const std::uint8_t* detail::value_rows(const HexBlockView& b, std::vector<std::u
   return buf.data();
 }
 
-void detail::tile_values(HexBlock& b) {
-  if (b.v_tiled || b.bits == 0 || b.v_codes.empty() || !value_tiles_layout(b.bits, b.head_dim)) return;
+void detail::tile_values(HexBlock& b, int limbs) {
+  if (b.v_tiled || b.bits == 0 || b.v_codes.empty() || !value_tiles_layout(b.bits, b.head_dim, limbs)) return;
   const std::int64_t row_bytes = packed_bytes(b.head_dim, b.bits);
   std::vector<std::uint8_t> tiles(b.v_codes.size());
   rows_to_value_tiles(b.v_codes.data(), static_cast<std::int64_t>(b.v_codes.size()) / row_bytes, row_bytes,

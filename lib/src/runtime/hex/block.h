@@ -115,8 +115,9 @@ void tile_keys(HexBlock& b);
 // The same for the value codes: value_rows(b, buf) is b.v_codes, or
 // (v_tiled) their rows rebuilt in buf; tile_values rearranges b's value
 // codes into value tiles (kernels_cpu.h) where they serve the integer value
-// kernels (value_tiles_layout) and b has quantized rows.
+// kernels (value_tiles_layout, with the dot's limbs) and b has quantized
+// rows.
 const std::uint8_t* value_rows(const HexBlockView& b, std::vector<std::uint8_t>& buf);
-void tile_values(HexBlock& b);
+void tile_values(HexBlock& b, int limbs);
 
 }  // namespace kvcal::runtime::detail

@@ -356,6 +356,49 @@ struct Multishift3 {
   }
 };
 inline constexpr Multishift3 kMultishift3{};
+
+// The constants of the VBMI read of 3-bit value tiles (Tile3Bytes): the
+// N = 64 bytes of a group's vector -- N / 4 pair columns (codes 2p and 2p +
+// 1 of a row, as IntBytes<3> reads rows) of four rows, row k of column p in
+// byte 4p + k -- come from a 3N / 4-byte window of the tile (N / 16 groups of
+// eight codes of each row, row k's byte c at 4c + k). VPERMB (bytes) gives
+// 64-bit lane q = 2g + d, for each row k, the row's bytes 3g + d and 3g + d +
+// 1 of the window in bytes 2k and 2k + 1: bits [8d, 8d + 16) of group g,
+// which hold codes 4d .. 4d + 3. VPMULTISHIFTQB (pairs) then gives output
+// byte b of lane q -- row b % 4 of pair column 2q + b / 4, i.e. codes 2m and
+// 2m + 1 of group g with m = 2d + b / 4 -- the bits from 16 (b % 4) + 4d + 6
+// (b / 4): those codes in bits 0-5 (bits 6-7 are the next ones, which the
+// phases' masks clear). The first 32 bytes of each table serve N = 32.
+struct Tile3 {
+  alignas(64) std::uint8_t bytes[64];
+  alignas(64) std::uint8_t pairs[64];
+  constexpr Tile3() : bytes{}, pairs{} {
+    for (int j = 0; j < 64; ++j) {
+      const int q = j / 8, b = j % 8, g = q / 2, d = q % 2;
+      bytes[j] = static_cast<std::uint8_t>(4 * (3 * g + d + b % 2) + b / 2);
+      pairs[j] = static_cast<std::uint8_t>(16 * (b % 4) + 4 * d + 6 * (b / 4));
+    }
+  }
+};
+inline constexpr Tile3 kTile3{};
+
+// A vector of a group of four 3-bit rows stored as value tiles, from its
+// window at p (3N / 4 bytes; a masked load, which reads nothing past them):
+// the bytes IntBytes<3> gives for the rows, transposed as value tiles are
+// (see Tile3). Vectors of 64 and 32 bytes (VbmiRead3).
+template <class D8>
+HWY_INLINE hn::Vec<D8> Tile3Bytes(D8, const std::uint8_t* p) {
+  static_assert(hn::MaxLanes(D8()) == 64 || hn::MaxLanes(D8()) == 32, "the VBMI read's vectors");
+  if constexpr (hn::MaxLanes(D8()) == 64) {
+    const __m512i x = _mm512_permutexvar_epi8(_mm512_load_si512(kTile3.bytes),
+                                              _mm512_maskz_loadu_epi8(0xffffffffffffull, p));
+    return hn::Vec<D8>{_mm512_multishift_epi64_epi8(_mm512_load_si512(kTile3.pairs), x)};
+  } else {
+    const __m256i x = _mm256_permutexvar_epi8(_mm256_load_si256(reinterpret_cast<const __m256i*>(kTile3.bytes)),
+                                              _mm256_maskz_loadu_epi8(0xffffffu, p));
+    return hn::Vec<D8>{_mm256_multishift_epi64_epi8(_mm256_load_si256(reinterpret_cast<const __m256i*>(kTile3.pairs)), x)};
+  }
+}
 #endif
 
 constexpr std::int64_t kWidenAhead = 4096;

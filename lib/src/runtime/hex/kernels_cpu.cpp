@@ -1061,6 +1061,22 @@ void KeyWeights(const float* params, const float* q, std::int64_t nq, std::int64
   }
 }
 
+// Whether this target's value kernels read 3-bit value tiles of rows of dim
+// channels with `limbs` limbs of weights (see value_tiles_layout): in
+// vectors of D8 (the one WithIntKernel picks), with VBMI (Tile3Bytes) and
+// one limb, the rows' widened last group within kIntWide3Bytes.
+template <int kL, class D8>
+constexpr bool ValueTiles3Kernel(D8 d8, std::int64_t run) {
+  return Fused3<kL>() && VbmiRead3(d8) && 4 * run <= kIntWide3Bytes;
+}
+bool ValueTiles3(int limbs, std::int64_t dim) {
+  bool ok = false;
+  WithIntKernel(3, dim, limbs, [&](auto d8, auto kl, std::int64_t run) {
+    ok = ValueTiles3Kernel<decltype(kl)::value>(d8, run);
+  });
+  return ok;
+}
+
 #if HWY_TARGET != HWY_SCALAR
 // Integer value accumulation over phase-split rows:
 //   acc_j[slot] += sum_r w_j[r] * code_r(slot)
@@ -1310,14 +1326,17 @@ HWY_INLINE void Sums::FlushBlocks(D32 d32, hn::Vec<D32> h, hn::Vec<D32> l, int m
 // (IntBytes) but for the last group of four rows, which holds the block's
 // last row: those rows are widened to 4-bit rows first (4 run <= kIntWide3Bytes).
 // far: the requests kFarBytes ahead (PrefetchFar); false for rows widened
-// into a chunk (see WidenedChunks3). kTiled (2 and 4 bits): the rows stored
-// as value tiles, whose vectors (TileGroup) are in slot order, so neither
-// transposed nor put back in order when flushed.
+// into a chunk (see WidenedChunks3). kTiled: the rows stored as value tiles,
+// whose vectors (TileGroup; 3 bits, Tile3Bytes) are in slot order, so
+// neither transposed nor put back in order when flushed; 3-bit tiles only
+// where VbmiRead3, their rows after the last whole group (rows % 4, which
+// stay rows) widened to 4-bit rows as the rows' last group is.
 template <int kBits, int kQ, int kL, bool kTiled, class D8>
 KVCAL_FLATTEN void AccumulateIntQ(D8 d8, const std::uint8_t* codes, std::int64_t rows, std::int64_t row_bytes,
                                   std::int64_t run, const std::int8_t* w8, std::int64_t limb_stride,
                                   std::int64_t w8_stride, const Sums& out, bool far = true) {
-  static_assert(!kTiled || kBits == 2 || kBits == 4, "value tiles hold 2- and 4-bit codes");
+  static_assert(!kTiled || kBits == 2 || kBits == 4 || (kBits == 3 && VbmiRead3(D8())),
+                "value tiles of 2- and 4-bit codes, of 3-bit codes where VBMI reads them");
   constexpr int kPer = IntPhases(kBits), kX = kQ * kPer;
   constexpr int kFit = kAccVectors / (kL * kX);
   constexpr int kM = kFit >= 4 ? 4 : kFit >= 2 ? 2 : 1;
@@ -1346,8 +1365,9 @@ KVCAL_FLATTEN void AccumulateIntQ(D8 d8, const std::uint8_t* codes, std::int64_t
   [[maybe_unused]] HWY_ALIGN std::uint8_t pad[4 * hn::MaxLanes(d8)];  // 2 and 4 bits
   const Groups3<D8> g3;
   // Rows [0, direct) are read in place; 3 bits: the rows from direct on,
-  // widened (and zero rows up to four).
-  const std::int64_t direct = kBits == 3 ? (rows - 1) / 4 * 4 : rows;
+  // widened (and zero rows up to four). (3-bit tiles: every whole group, read
+  // with masked loads.)
+  const std::int64_t direct = kBits != 3 ? rows : kTiled ? rows / 4 * 4 : (rows - 1) / 4 * 4;
   HWY_ALIGN std::uint8_t tail3[kBits == 3 ? kIntWide3Bytes : 1];
   if constexpr (kBits == 3) {
     assert(4 * run <= kIntWide3Bytes);
@@ -1357,9 +1377,10 @@ KVCAL_FLATTEN void AccumulateIntQ(D8 d8, const std::uint8_t* codes, std::int64_t
   for (std::int64_t i = 0; i < run; i += N) {
     const std::int64_t at = IntOffset<kBits>(i);  // where vector i of a row is read from
     // Line k < 4 of this i's bytes of the group of four rows from r: a row's
-    // vector, or a vector of the group's tile.
+    // vector, or a vector of the group's tile (3 bits: its 3N / 4 bytes).
     const auto line = [&](std::int64_t r, std::int64_t k) {
-      return kTiled ? codes + r * row_bytes + 4 * at + k * N : codes + (r + k) * row_bytes + at;
+      return kTiled ? codes + r * row_bytes + 4 * at + k * (kBits == 3 ? 3 * N / 4 : N)
+                    : codes + (r + k) * row_bytes + at;
     };
     for (std::int64_t r = 0; r < std::min(rows, kAhead); r += 4)
       for (int k = 0; k < 4; ++k) __builtin_prefetch(line(r, k), 0, 3);
@@ -1423,14 +1444,27 @@ KVCAL_FLATTEN void AccumulateIntQ(D8 d8, const std::uint8_t* codes, std::int64_t
           }
           const auto weights = [&](const std::int8_t* w) KVCAL_INLINE_LAMBDA { return Weights4(d8, w, r, r + 4); };
           if constexpr (kTiled)
-            dots([&](auto mm) KVCAL_INLINE_LAMBDA { return hn::LoadU(d8, line(r, m0 + decltype(mm)::value)); }, weights,
-                 std::integral_constant<int, kBits>());
+            dots(
+                [&](auto mm) KVCAL_INLINE_LAMBDA {
+                  const std::uint8_t* p = line(r, m0 + decltype(mm)::value);
+#if HWY_TARGET == HWY_AVX3_DL
+                  if constexpr (kBits == 3) return Tile3Bytes(d8, p);
+#endif
+                  return hn::LoadU(d8, p);
+                },
+                weights, std::integral_constant<int, kBits>());
           else
             group(codes + r * row_bytes + at, row_bytes, weights, std::integral_constant<int, kBits>());
         }
         if (r < r1) {  // the last rows, next to zero rows
           const auto weights = [&](const std::int8_t* w) { return Weights4(d8, w, r, rows); };
-          if constexpr (kTiled) {
+          if constexpr (kTiled && kBits == 3) {  // the rows left, widened to 4-bit rows
+            dots(
+                [&](auto mm) {
+                  return TileGroup(d8, tail3, 0, rows - direct, run, i + (m0 + decltype(mm)::value) * N32);
+                },
+                weights, std::integral_constant<int, 4>());
+          } else if constexpr (kTiled) {
             dots(
                 [&](auto mm) {
                   return TileGroup(d8, codes, r, rows, row_bytes, at + (m0 + decltype(mm)::value) * N32);
@@ -1466,12 +1500,24 @@ KVCAL_FLATTEN void AccumulateIntQ(D8 d8, const std::uint8_t* codes, std::int64_t
 }
 #endif
 
-// tiled: the rows stored as value tiles (2 and 4 bits only).
+// tiled: the rows stored as value tiles (3 bits: where ValueTiles3Kernel).
 template <int kL, class D8>
 void AccumulateIntPer(D8 d8, int bits, const std::uint8_t* codes, std::int64_t rows, std::int64_t row_bytes,
                       std::int64_t run, const std::int8_t* w8, std::int64_t limb_stride, std::int64_t nq,
                       std::int64_t w8_stride, const Sums& out, bool tiled, [[maybe_unused]] bool far = true) {
   if (bits == 3) {
+#if !HWY_HAVE_SCALABLE && KVCAL_ROW_KERNELS
+    if constexpr (ValueTiles3Kernel<kL>(D8(), 0)) {
+      if (tiled) {
+        assert(ValueTiles3Kernel<kL>(d8, run));
+        InGroupsOf4(nq, [&](auto kq, std::int64_t j) {
+          AccumulateIntQ<3, decltype(kq)::value, kL, true>(d8, codes, rows, row_bytes, run, w8 + j * w8_stride,
+                                                           limb_stride, w8_stride, out.Query(j));
+        });
+        return;
+      }
+    }
+#endif
     assert(!tiled);
 #if !HWY_HAVE_SCALABLE && KVCAL_ROW_KERNELS
     if constexpr (Fused3<kL>()) {
@@ -1557,7 +1603,8 @@ void AccumulateIntPer(D8 d8, int bits, const std::uint8_t* codes, std::int64_t r
 bool AccumulateIntKernel(const std::uint8_t* codes, std::int64_t rows, std::int64_t row_bytes, int bits,
                          std::int64_t dim, int limbs, const std::int8_t* w8, std::int64_t nq, std::int64_t w8_stride,
                          const Sums& out, bool tiled = false) {
-  if (tiled && bits == 3) return false;  // not a layout of these kernels (value_tiles_layout)
+  // (3-bit tiles the kernels do not read: the reference, untiled.)
+  if (tiled && bits == 3 && !ValueTiles3(limbs, dim)) return false;
   return WithIntKernel(bits, dim, limbs, [&](auto d8, auto kl, std::int64_t run) {
     AccumulateIntPer<decltype(kl)::value>(d8, bits, codes, rows, row_bytes, run, w8, rows, nq, w8_stride, out, tiled);
   });
@@ -1766,6 +1813,7 @@ HWY_EXPORT(CodeScores);
 HWY_EXPORT(CodeAccumulate);
 HWY_EXPORT(CodeAccumulateInt);
 HWY_EXPORT(CodeAccumulateIntScaled);
+HWY_EXPORT(ValueTiles3);
 HWY_EXPORT(WidenCodes3To4);
 HWY_EXPORT(QuantizeRows);
 HWY_EXPORT(AddSlots);
@@ -1865,7 +1913,10 @@ bool int_dot_layout(int bits, std::int64_t dim) {
 
 bool key_tiles_layout(int bits, std::int64_t dim) { return int_dot_layout(bits, dim); }
 
-bool value_tiles_layout(int bits, std::int64_t dim) { return bits != 3 && int_dot_layout(bits, dim); }
+bool value_tiles_layout(int bits, std::int64_t dim, int limbs) {
+  if (bits == 3) return HWY_DYNAMIC_DISPATCH(ValueTiles3)(limbs, dim);
+  return int_dot_layout(bits, dim);
+}
 
 void rows_to_value_tiles(const std::uint8_t* in, std::int64_t rows, std::int64_t row_bytes, std::uint8_t* out) {
   const std::int64_t whole = rows / kValueTileRows * kValueTileRows;

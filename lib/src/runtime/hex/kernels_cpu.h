@@ -167,9 +167,13 @@ void code_scores_int_tiles(const std::uint8_t* codes, std::int64_t rows, std::in
 // over rows transposes each group of rows into that order first.
 inline constexpr std::int64_t kValueTileRows = 4;
 // Whether the integer value kernels read value tiles of rows of `bits`-bit
-// codes and dim channels (2 and 4 bits in the integer kernels' layout;
-// other layouts are untiled for the reference).
-bool value_tiles_layout(int bits, std::int64_t dim);
+// codes and dim channels with `limbs` limbs of weights: 2 and 4 bits in the
+// integer kernels' layout; 3 bits where the kernel target in use reads them
+// (VBMI, one limb, vectors of 32 or 64 bytes: dim % 64 == 0), which makes
+// this a property of the host, for the caches it runs. Other layouts are
+// untiled for the reference (as every target does for tiles it does not
+// read: correct, not fast).
+bool value_tiles_layout(int bits, std::int64_t dim, int limbs);
 // rows (row-major, row_bytes each) to value tiles and back; in and out
 // apart, rows * row_bytes bytes each.
 void rows_to_value_tiles(const std::uint8_t* in, std::int64_t rows, std::int64_t row_bytes, std::uint8_t* out);
