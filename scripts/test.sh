@@ -25,6 +25,8 @@ valgrind -q --error-exitcode=9 build/release/tests/kvcal_kernel_tests --gtest_br
 # The runtime under emulation: x86-64 without AVX and aarch64 (qemu-user).
 scripts/test_emulated.sh build/release
 
+# (The sanitizer build compiles the kernels for AVX2, AVX-512 and the scalar
+# baseline; their SSSE3 and SSE4 targets ran under valgrind and qemu above.)
 scripts/build.sh asan
 export ASAN_OPTIONS=detect_leaks=1:abort_on_error=0:strict_string_checks=1
 export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
