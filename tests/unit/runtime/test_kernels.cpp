@@ -773,7 +773,7 @@ TEST(HexKernels, ValueTilesAccumulateAsRows) {
     for (const int limbs : {1, 2}) {
       EXPECT_TRUE(value_tiles_layout(4, 128, limbs));
       EXPECT_TRUE(value_tiles_layout(2, 128, limbs));
-      EXPECT_FALSE(value_tiles_layout(3, 32, limbs));  // vectors of 16 bytes
+      EXPECT_FALSE(value_tiles_layout(3, 32, limbs));   // vectors of 16 bytes
       EXPECT_FALSE(value_tiles_layout(3, 160, limbs));  // the same
     }
     EXPECT_FALSE(value_tiles_layout(3, 128, 2));

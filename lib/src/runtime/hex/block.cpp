@@ -264,9 +264,6 @@ struct Scratch {
 };
 thread_local Scratch scratch;
 
-// The int8 limbs per weight of an integer dot product.
-int dot_limbs(HexDot dot) { return dot == HexDot::int8 ? 1 : 2; }
-
 // The slot order the code kernels take a block's weights in: the integer
 // kernels' (int_slots: 3-bit rows in the 4-bit order) or the float ones'.
 struct CodeRows {

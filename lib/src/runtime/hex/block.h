@@ -119,5 +119,7 @@ void tile_keys(HexBlock& b);
 // rows.
 const std::uint8_t* value_rows(const HexBlockView& b, std::vector<std::uint8_t>& buf);
 void tile_values(HexBlock& b, int limbs);
+// The int8 limbs per weight of an integer dot product.
+inline int dot_limbs(HexDot dot) { return dot == HexDot::int8 ? 1 : 2; }
 
 }  // namespace kvcal::runtime::detail

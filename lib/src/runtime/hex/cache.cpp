@@ -264,7 +264,7 @@ struct HexLayerCache::Impl {
     // (HexBlockView::k_tiled, v_tiled).
     if (opt.dot != HexDot::float32) {
       tile_keys(b);
-      tile_values(b, opt.dot == HexDot::int8 ? 1 : 2);
+      tile_values(b, dot_limbs(opt.dot));
     }
     return b;
   }

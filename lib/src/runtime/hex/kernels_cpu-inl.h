@@ -390,13 +390,14 @@ template <class D8>
 HWY_INLINE hn::Vec<D8> Tile3Bytes(D8, const std::uint8_t* p) {
   static_assert(hn::MaxLanes(D8()) == 64 || hn::MaxLanes(D8()) == 32, "the VBMI read's vectors");
   if constexpr (hn::MaxLanes(D8()) == 64) {
-    const __m512i x = _mm512_permutexvar_epi8(_mm512_load_si512(kTile3.bytes),
-                                              _mm512_maskz_loadu_epi8(0xffffffffffffull, p));
+    const __m512i x =
+        _mm512_permutexvar_epi8(_mm512_load_si512(kTile3.bytes), _mm512_maskz_loadu_epi8(0xffffffffffffull, p));
     return hn::Vec<D8>{_mm512_multishift_epi64_epi8(_mm512_load_si512(kTile3.pairs), x)};
   } else {
     const __m256i x = _mm256_permutexvar_epi8(_mm256_load_si256(reinterpret_cast<const __m256i*>(kTile3.bytes)),
                                               _mm256_maskz_loadu_epi8(0xffffffu, p));
-    return hn::Vec<D8>{_mm256_multishift_epi64_epi8(_mm256_load_si256(reinterpret_cast<const __m256i*>(kTile3.pairs)), x)};
+    return hn::Vec<D8>{
+        _mm256_multishift_epi64_epi8(_mm256_load_si256(reinterpret_cast<const __m256i*>(kTile3.pairs)), x)};
   }
 }
 #endif

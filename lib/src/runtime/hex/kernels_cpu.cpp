@@ -1071,9 +1071,8 @@ constexpr bool ValueTiles3Kernel(D8 d8, std::int64_t run) {
 }
 bool ValueTiles3(int limbs, std::int64_t dim) {
   bool ok = false;
-  WithIntKernel(3, dim, limbs, [&](auto d8, auto kl, std::int64_t run) {
-    ok = ValueTiles3Kernel<decltype(kl)::value>(d8, run);
-  });
+  WithIntKernel(3, dim, limbs,
+                [&](auto d8, auto kl, std::int64_t run) { ok = ValueTiles3Kernel<decltype(kl)::value>(d8, run); });
   return ok;
 }
 
@@ -1603,11 +1602,14 @@ void AccumulateIntPer(D8 d8, int bits, const std::uint8_t* codes, std::int64_t r
 bool AccumulateIntKernel(const std::uint8_t* codes, std::int64_t rows, std::int64_t row_bytes, int bits,
                          std::int64_t dim, int limbs, const std::int8_t* w8, std::int64_t nq, std::int64_t w8_stride,
                          const Sums& out, bool tiled = false) {
-  // (3-bit tiles the kernels do not read: the reference, untiled.)
-  if (tiled && bits == 3 && !ValueTiles3(limbs, dim)) return false;
-  return WithIntKernel(bits, dim, limbs, [&](auto d8, auto kl, std::int64_t run) {
+  bool taken = false;
+  WithIntKernel(bits, dim, limbs, [&](auto d8, auto kl, std::int64_t run) {
+    // 3-bit tiles these kernels do not read: the reference, untiled.
+    if (tiled && bits == 3 && !ValueTiles3Kernel<decltype(kl)::value>(d8, run)) return;
     AccumulateIntPer<decltype(kl)::value>(d8, bits, codes, rows, row_bytes, run, w8, rows, nq, w8_stride, out, tiled);
+    taken = true;
   });
+  return taken;
 }
 #endif  // HWY_TARGET != HWY_SCALAR
 
