@@ -26,8 +26,9 @@
 //  kernel/softmax: softmax_row over one query's 32K scores (the decode
 //    benchmark's context; 128 KB, in the L2 cache), items = weights.
 // items_per_second counts codes times queries (multiply-adds).
-// KVCAL_BENCH_TARGET forces a SIMD target, KVCAL_AVX_VNNI=0/1 the AVX-VNNI
-// integer kernels on AVX2 (see force_target.h).
+// KVCAL_BENCH_TARGET forces a SIMD target, KVCAL_AVX_VNNI=0/1 the VPDPBUSD
+// integer kernels on AVX2 (AVX-VNNI) and AVX3 (AVX-512 VNNI; see
+// force_target.h).
 #include <benchmark/benchmark.h>
 
 #include <cstdint>
@@ -377,8 +378,11 @@ void run_entries(benchmark::State& state, int side) {
 
 int register_all() {
   kvcal::bench::force_target_from_env();  // KVCAL_BENCH_TARGET (force_target.h)
+  const d::VnniKernels vnni = d::vnni_kernels();
   benchmark::AddCustomContext("simd_target",
-                              std::string(d::kernel_target()) + (d::avx_vnni_active() ? "+AVX-VNNI" : ""));
+                              std::string(d::kernel_target()) + (vnni == d::VnniKernels::kAvx2   ? "+AVX-VNNI"
+                                                                 : vnni == d::VnniKernels::kAvx3 ? "+AVX512-VNNI"
+                                                                                                 : ""));
   for (const char* dot : {"float32", "int14", "int8"}) {
     const std::string s(dot);
     using Fn = void (*)(benchmark::State&, const std::string&);

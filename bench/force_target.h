@@ -1,8 +1,9 @@
 // KVCAL_BENCH_TARGET=NAME (a Highway target name: AVX3_DL, AVX3, AVX2, SSE4,
 // ...) makes a benchmark dispatch its kernels to that target instead of the
 // host's best, so that one host can time several targets; with
-// KVCAL_AVX_VNNI=0 or 1 (read by the runtime) AVX2 runs with or without the
-// AVX-VNNI integer kernels. An unknown or unsupported name is an error.
+// KVCAL_AVX_VNNI=0 or 1 (read by the runtime) AVX2 and AVX3 run with or
+// without their VPDPBUSD integer kernels (AVX-VNNI, AVX-512 VNNI) where the
+// CPU has the instruction. An unknown or unsupported name is an error.
 #pragma once
 
 #include <cstdint>

@@ -10,7 +10,14 @@ void floats_to_halves(const float* in, std::int64_t n, half_bits* out) { fp16::f
 
 std::string simd_target() {
   std::string t = detail::kernel_target();
-  if (detail::avx_vnni_active()) t += "+AVX-VNNI";  // the integer kernels on VEX VPDPBUSD
+  switch (detail::vnni_kernels()) {  // the integer kernels on VPDPBUSD where the target has none
+    case detail::VnniKernels::kAvx2:
+      return t + "+AVX-VNNI";
+    case detail::VnniKernels::kAvx3:
+      return t + "+AVX512-VNNI";
+    case detail::VnniKernels::kNone:
+      break;
+  }
   return t;
 }
 

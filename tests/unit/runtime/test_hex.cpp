@@ -675,10 +675,12 @@ TEST(RuntimeHex, BlockDecodeInt8WithinItsBound) { check_block_decode(HexDot::int
 
 // Every SIMD target compiled in and supported by this CPU, forced in turn.
 // simd_target() for a Highway target: its name, and on AVX2 hosts with
-// AVX-VNNI "AVX2+AVX-VNNI" (the integer kernels on VEX VPDPBUSD).
+// AVX-VNNI "AVX2+AVX-VNNI", on AVX3 ones with AVX-512 VNNI "AVX3+AVX512-VNNI"
+// (the integer kernels on VPDPBUSD).
 bool is_target_name(const std::string& name, std::int64_t target) {
   const std::string hwy_name = hwy::TargetName(target);
-  return name == hwy_name || (target == HWY_AVX2 && name == hwy_name + "+AVX-VNNI");
+  return name == hwy_name || (target == HWY_AVX2 && name == hwy_name + "+AVX-VNNI") ||
+         (target == HWY_AVX3 && name == hwy_name + "+AVX512-VNNI");
 }
 
 TEST(RuntimeHex, BlockDecodeOnEverySimdTarget) {

@@ -72,8 +72,9 @@ std::uint32_t bits_of(float f) {
 }
 
 // Runs body once per target, with the dispatch forced to it; on AVX2 where
-// the CPU has AVX-VNNI, twice: with the AVX2 kernels (PMADDUBSW) and with the
-// AVX-VNNI ones (VPDPBUSD) for the integer code kernels.
+// the CPU has AVX-VNNI and on AVX3 where it has AVX-512 VNNI, twice: with the
+// target's kernels (PMADDUBSW) and with the VPDPBUSD ones for the integer
+// code kernels.
 template <class F>
 void on_every_target(F body) {
   const auto targets = hwy::SupportedAndGeneratedTargets();
@@ -82,9 +83,9 @@ void on_every_target(F body) {
   for (const std::int64_t target : targets) {
     hwy::SetSupportedTargetsForTest(target);
     for (const bool vnni : {false, true}) {
-      if (vnni && !(target == HWY_AVX2 && avx_vnni_available())) continue;
+      if (vnni && !vnni_kernels_for(target)) continue;
       set_avx_vnni(vnni);
-      SCOPED_TRACE(std::string("target ") + hwy::TargetName(target) + (vnni ? " with AVX-VNNI" : ""));
+      SCOPED_TRACE(std::string("target ") + hwy::TargetName(target) + (vnni ? " with VPDPBUSD" : ""));
       ASSERT_STREQ(kernel_target(), hwy::TargetName(target));
       ASSERT_EQ(avx_vnni_active(), vnni);
       body();
@@ -99,21 +100,29 @@ TEST(HexKernels, TargetsIncludeTheHostsBest) {
   ASSERT_FALSE(targets.empty());
   std::string names;
   for (const auto t : targets) names += std::string(hwy::TargetName(t)) + " ";
-  if (avx_vnni_available()) names += "(AVX2 also with AVX-VNNI)";
+  if (avx_vnni_available()) names += "(AVX2 also with AVX-VNNI) ";
+  if (avx512_vnni_available()) names += "(AVX3 also with AVX-512 VNNI)";
   std::printf("SIMD targets tested on this CPU: %s\n", names.c_str());
   EXPECT_STREQ(kernel_target(), hwy::TargetName(targets.front()));
 }
 
-// The AVX-VNNI kernels stand in for AVX2's integer kernels only: on every
-// other target they stay out whatever the setting.
-TEST(HexKernels, AvxVnniOnlyWhereTheDispatchChoseAvx2) {
+// The VPDPBUSD passes stand in for AVX2's integer kernels (AVX-VNNI) and
+// AVX3's (AVX-512 VNNI) only: on every other target they stay out whatever
+// the setting.
+TEST(HexKernels, AvxVnniOnlyWhereTheDispatchChoseAvx2OrAvx3) {
   const auto targets = hwy::SupportedAndGeneratedTargets();
   ASSERT_FALSE(targets.empty());
   const bool before = set_avx_vnni(true);
   for (const std::int64_t target : targets) {
     hwy::SetSupportedTargetsForTest(target);
     SCOPED_TRACE(std::string("target ") + hwy::TargetName(target));
-    EXPECT_EQ(avx_vnni_active(), target == HWY_AVX2 && avx_vnni_available());
+    const bool expected =
+        (target == HWY_AVX2 && avx_vnni_available()) || (target == HWY_AVX3 && avx512_vnni_available());
+    EXPECT_EQ(vnni_kernels_for(target), expected);
+    EXPECT_EQ(avx_vnni_active(), expected);
+    EXPECT_EQ(vnni_kernels(), !expected            ? VnniKernels::kNone
+                              : target == HWY_AVX2 ? VnniKernels::kAvx2
+                                                   : VnniKernels::kAvx3);
     set_avx_vnni(false);
     EXPECT_FALSE(avx_vnni_active());
     set_avx_vnni(true);
@@ -127,6 +136,12 @@ TEST(HexKernels, AvxVnniOnlyWhereTheDispatchChoseAvx2) {
   unsigned a = 0, b = 0, c = 0, d = 0;
   const bool cpu = __get_cpuid_count(7, 1, &a, &b, &c, &d) != 0 && (a & (1u << 4)) != 0;
   EXPECT_EQ(avx_vnni_available(), cpu);
+#endif
+#if defined(__x86_64__) && (HWY_TARGETS & HWY_AVX3) && !defined(__SANITIZE_ADDRESS__) && !defined(__SANITIZE_THREAD__)
+  // And AVX512_VNNI (leaf 7, subleaf 0, ECX bit 11), for the AVX3 pass.
+  unsigned a7 = 0, b7 = 0, c7 = 0, d7 = 0;
+  const bool cpu512 = __get_cpuid_count(7, 0, &a7, &b7, &c7, &d7) != 0 && (c7 & (1u << 11)) != 0;
+  EXPECT_EQ(avx512_vnni_available(), cpu512);
 #endif
 }
 
@@ -1341,7 +1356,7 @@ TEST(HexKernels, SoftmaxExponentialWithinOneUlp) {
   on_every_target([&] {
     const std::string name = kernel_target();
     const bool fma_x86 = name == "AVX2" || name.rfind("AVX3", 0) == 0;
-    const std::string target = name + (avx_vnni_active() ? " with AVX-VNNI" : "");
+    const std::string target = name + (avx_vnni_active() ? " with VPDPBUSD" : "");
     for (std::size_t at = 0; at < xs.size(); at += n) {
       std::vector<float> r{0.0f};
       for (std::size_t i = at; i < std::min(xs.size(), at + n); ++i) r.push_back(xs[i]);

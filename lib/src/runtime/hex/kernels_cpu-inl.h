@@ -2,7 +2,7 @@
 // scores_int_cpu.cpp): vector tags, unrolling and register helpers, the
 // 3-bit row reads and widenings, and the integer dot products' building
 // blocks. Included by each of those files once per SIMD target (Highway's
-// per-target include guard below) and once more in its AVX-VNNI pass (see
+// per-target include guard below) and once more in each VPDPBUSD pass (see
 // avxvnni_pass.h), inside whose namespace KVCAL_KERNEL_NS it defines them.
 // Templates and inline functions only: each kernel file instantiates what it
 // uses.
@@ -22,7 +22,7 @@
 #include <immintrin.h>
 #endif
 
-// Not again in the AVX-VNNI pass, whose AVX2 operations exist already (and
+// Not again in the VPDPBUSD passes, whose operations exist already (and
 // a second inclusion for the flipped toggle would define them again).
 #ifndef KVCAL_AVXVNNI_PASS
 #include <hwy/highway.h>
@@ -33,7 +33,9 @@
 HWY_BEFORE_NAMESPACE();
 namespace kvcal::runtime::detail {
 namespace KVCAL_KERNEL_NS {
-#ifdef KVCAL_AVXVNNI_PASS
+#ifdef KVCAL_VNNI512_PASS
+namespace hn = hwy::N_AVX3;  // see kernels_cpu.cpp
+#elif defined(KVCAL_AVXVNNI_PASS)
 namespace hn = hwy::N_AVX2;  // see kernels_cpu.cpp
 #else
 namespace hn = hwy::HWY_NAMESPACE;
@@ -524,11 +526,12 @@ void WidenedChunks3(const std::uint8_t* codes, std::int64_t rows, std::int64_t r
 #endif
 
 #if HWY_TARGET != HWY_SCALAR
-#if HWY_TARGET == HWY_AVX3_DL
-// VPDPBUSD (AVX512-VNNI, part of what Highway requires for AVX3_DL). Its
-// compiler option is not in Highway 1.0.3's AVX3_DL attribute list, and
-// adding it per function breaks the per-target passes, so the instruction
-// is written directly (EVEX form, also for 256 and 128 bits).
+#if HWY_TARGET == HWY_AVX3_DL || defined(KVCAL_VNNI512_PASS)
+// VPDPBUSD (AVX512-VNNI, part of what Highway requires for AVX3_DL, and what
+// the AVX3 target's extra pass is for: see avxvnni_pass.h). Its compiler
+// option is not in Highway 1.0.3's attribute lists, and adding it per
+// function breaks the per-target passes, so the instruction is written
+// directly (EVEX form, also for 256 and 128 bits).
 HWY_INLINE __m512i DotBytesRaw(__m512i acc, __m512i a, __m512i b) {
   asm("vpdpbusd %2, %1, %0" : "+v"(acc) : "v"(a), "v"(b));
   return acc;

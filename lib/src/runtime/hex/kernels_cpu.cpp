@@ -20,15 +20,18 @@
 #include <limits>
 #include <utility>
 #if defined(__x86_64__) || defined(__i386__)
-#include <cpuid.h>      // __get_cpuid_count (AVX-VNNI)
+#include <cpuid.h>      // __get_cpuid_count (AVX-VNNI, AVX-512 VNNI)
 #include <immintrin.h>  // _pdep_u64 (BMI2: part of the AVX2 and AVX-512 targets)
 #endif
 
 // The kernels' namespace: Highway's per-target one, except in the extra
-// AVX2 pass for AVX-VNNI (avxvnni_pass.h, at the end), which compiles them once
-// more for AVX2 into N_AVX2_VNNI, with Highway's AVX2 operations.
+// passes for VPDPBUSD (avxvnni_pass.h, at the end), which compile them once
+// more for AVX2 into N_AVX2_VNNI (AVX-VNNI) and for AVX3 into N_AVX3_VNNI
+// (AVX-512 VNNI), with Highway's AVX2 and AVX3 operations.
 #undef KVCAL_KERNEL_NS
-#ifdef KVCAL_AVXVNNI_PASS
+#ifdef KVCAL_VNNI512_PASS
+#define KVCAL_KERNEL_NS N_AVX3_VNNI
+#elif defined(KVCAL_AVXVNNI_PASS)
 #define KVCAL_KERNEL_NS N_AVX2_VNNI
 #else
 #define KVCAL_KERNEL_NS HWY_NAMESPACE
@@ -46,7 +49,10 @@
 HWY_BEFORE_NAMESPACE();
 namespace kvcal::runtime::detail {
 namespace KVCAL_KERNEL_NS {
-#ifdef KVCAL_AVXVNNI_PASS
+#ifdef KVCAL_VNNI512_PASS
+static_assert(HWY_TARGET == HWY_AVX3, "the AVX-512 VNNI kernels are the AVX3 target's");
+namespace hn = hwy::N_AVX3;  // and so are its operations (set_macros-inl.h made HWY_NAMESPACE that)
+#elif defined(KVCAL_AVXVNNI_PASS)
 static_assert(HWY_TARGET == HWY_AVX2, "the AVX-VNNI kernels are the AVX2 target's");
 namespace hn = hwy::N_AVX2;  // and so are its operations (set_macros-inl.h made HWY_NAMESPACE that)
 #else
@@ -1790,8 +1796,8 @@ void QuantizeRows(int limbs, const float* w, std::int64_t rows, std::int64_t n, 
 }
 
 const char* TargetName() { return hwy::TargetName(HWY_TARGET); }
-// Whether this is the AVX2 target (the one the AVX-VNNI kernels stand in for).
-bool IsAvx2() { return HWY_TARGET == HWY_AVX2; }
+// This target (the VPDPBUSD passes stand in for AVX2 and AVX3).
+std::int64_t TargetId() { return HWY_TARGET; }
 
 }  // namespace KVCAL_KERNEL_NS
 }  // namespace kvcal::runtime::detail
@@ -1804,7 +1810,7 @@ HWY_AFTER_NAMESPACE();
 namespace kvcal::runtime::detail {
 
 HWY_EXPORT(TargetName);
-HWY_EXPORT(IsAvx2);
+HWY_EXPORT(TargetId);
 HWY_EXPORT(DotF);
 HWY_EXPORT(AxpyF);
 HWY_EXPORT(SoftmaxRow);
@@ -1842,10 +1848,27 @@ std::uint8_t* byte_scratch(int bits, std::int64_t rows, std::int64_t dim) {
 const char* kernel_target() { return HWY_DYNAMIC_DISPATCH(TargetName)(); }
 
 namespace {
+#if KVCAL_HAVE_AVXVNNI_KERNELS || KVCAL_HAVE_VNNI512_KERNELS
+// Bit `bit` of register `reg` (0 = EAX, 1 = EBX, 2 = ECX, 3 = EDX) of cpuid
+// leaf 7, subleaf `subleaf`.
+bool cpuid7_bit(unsigned subleaf, int reg, int bit) {
+  unsigned r[4] = {};
+  return __get_cpuid_count(7, subleaf, &r[0], &r[1], &r[2], &r[3]) != 0 && ((r[reg] >> bit) & 1u) != 0;
+}
+#endif
+// AVX-VNNI (VEX VPDPBUSD), for the AVX2 target's kernels.
 bool cpu_has_avx_vnni() {
 #if KVCAL_HAVE_AVXVNNI_KERNELS
-  unsigned a = 0, b = 0, c = 0, d = 0;
-  return __get_cpuid_count(7, 1, &a, &b, &c, &d) != 0 && (a & (1u << 4)) != 0;
+  return cpuid7_bit(1, 0, 4);
+#else
+  return false;
+#endif
+}
+// AVX512_VNNI (EVEX VPDPBUSD), for the AVX3 target's kernels: Highway runs
+// AVX3 only where the CPU has AVX-512 F, VL, DQ and BW.
+bool cpu_has_avx512_vnni() {
+#if KVCAL_HAVE_VNNI512_KERNELS
+  return cpuid7_bit(0, 2, 11);
 #else
   return false;
 #endif
@@ -1865,10 +1888,21 @@ bool avx_vnni_available() {
   static const bool has = cpu_has_avx_vnni();
   return has;
 }
-bool set_avx_vnni(bool allow) { return avx_vnni_allowed().exchange(allow); }
-bool avx_vnni_active() {
-  return avx_vnni_available() && avx_vnni_allowed().load(std::memory_order_relaxed) && HWY_DYNAMIC_DISPATCH(IsAvx2)();
+bool avx512_vnni_available() {
+  static const bool has = cpu_has_avx512_vnni();
+  return has;
 }
+bool vnni_kernels_for(std::int64_t target) {
+  return (target == HWY_AVX2 && avx_vnni_available()) || (target == HWY_AVX3 && avx512_vnni_available());
+}
+bool set_avx_vnni(bool allow) { return avx_vnni_allowed().exchange(allow); }
+VnniKernels vnni_kernels() {
+  if (!avx_vnni_allowed().load(std::memory_order_relaxed)) return VnniKernels::kNone;
+  const std::int64_t target = HWY_DYNAMIC_DISPATCH(TargetId)();
+  if (!vnni_kernels_for(target)) return VnniKernels::kNone;
+  return target == HWY_AVX2 ? VnniKernels::kAvx2 : VnniKernels::kAvx3;
+}
+bool avx_vnni_active() { return vnni_kernels() != VnniKernels::kNone; }
 
 float dot(const float* a, const float* b, std::int64_t n) { return HWY_DYNAMIC_DISPATCH(DotF)(a, b, n); }
 void axpy(float w, const float* x, float* y, std::int64_t n) { HWY_DYNAMIC_DISPATCH(AxpyF)(w, x, y, n); }
@@ -1976,11 +2010,8 @@ namespace {
 void code_accumulate_int(const std::uint8_t* codes, std::int64_t rows, std::int64_t row_bytes, int bits,
                          std::int64_t dim, int limbs, const std::int8_t* w8, std::int64_t nq, std::int64_t w8_stride,
                          std::int32_t* acc, std::int64_t acc_stride, bool tiled) {
-#if KVCAL_HAVE_AVXVNNI_KERNELS
-  if (avx_vnni_active())
-    return N_AVX2_VNNI::CodeAccumulateInt(codes, rows, row_bytes, bits, dim, limbs, w8, nq, w8_stride, acc, acc_stride,
-                                          tiled);
-#endif
+  KVCAL_VNNI_DISPATCH(
+      CodeAccumulateInt(codes, rows, row_bytes, bits, dim, limbs, w8, nq, w8_stride, acc, acc_stride, tiled));
   HWY_DYNAMIC_DISPATCH(CodeAccumulateInt)
   (codes, rows, row_bytes, bits, dim, limbs, w8, nq, w8_stride, acc, acc_stride, tiled);
 }
@@ -1989,11 +2020,8 @@ void code_accumulate_int_scaled(const std::uint8_t* codes, std::int64_t rows, st
                                 std::int64_t dim, int limbs, const std::int8_t* w8, std::int64_t nq,
                                 std::int64_t w8_stride, const float* ws, float* acc, std::int64_t acc_stride,
                                 std::int32_t* scratch, bool tiled) {
-#if KVCAL_HAVE_AVXVNNI_KERNELS
-  if (avx_vnni_active())
-    return N_AVX2_VNNI::CodeAccumulateIntScaled(codes, rows, row_bytes, bits, dim, limbs, w8, nq, w8_stride, ws, acc,
-                                                acc_stride, scratch, tiled);
-#endif
+  KVCAL_VNNI_DISPATCH(CodeAccumulateIntScaled(codes, rows, row_bytes, bits, dim, limbs, w8, nq, w8_stride, ws, acc,
+                                              acc_stride, scratch, tiled));
   HWY_DYNAMIC_DISPATCH(CodeAccumulateIntScaled)
   (codes, rows, row_bytes, bits, dim, limbs, w8, nq, w8_stride, ws, acc, acc_stride, scratch, tiled);
 }

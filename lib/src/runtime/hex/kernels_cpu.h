@@ -48,13 +48,23 @@ struct Slots {
 // The name of the target the kernels run on now ("AVX3_DL", "AVX2", "SSE4",
 // "NEON", "SVE", "EMU128", ...).
 const char* kernel_target();
-// AVX-VNNI: x86-64 CPUs without AVX-512 but with VEX-encoded VPDPBUSD run the
-// integer code kernels (code_scores_int, code_accumulate_int) on it in place
-// of AVX2's PMADDUBSW, with identical results. available: the CPU has it (and
-// this build compiled the kernels for it); active: they are in use now (the
-// dispatch chose AVX2 and set_avx_vnni has not turned them off). set_avx_vnni
-// returns the previous setting (tests and benchmarks compare both paths).
+// VPDPBUSD where Highway's target has none: x86-64 CPUs without AVX-512 but
+// with AVX-VNNI (VEX VPDPBUSD) run the integer code kernels (code_scores_int,
+// code_accumulate_int) on it in place of AVX2's PMADDUBSW, and AVX-512 CPUs
+// with VNNI but not VBMI (Highway's AVX3 target: Cascade Lake, Cooper Lake)
+// on EVEX VPDPBUSD in place of AVX3's PMADDUBSW, with identical results (see
+// avxvnni_pass.h). *_available: the CPU has the instruction (and this build
+// compiled the kernels for it); vnni_kernels_for(target): whether they stand
+// in for that target here; vnni_kernels / avx_vnni_active: which are in use
+// now (the dispatch chose such a target and set_avx_vnni has not turned them
+// off). set_avx_vnni (both kinds; KVCAL_AVX_VNNI=0 in the environment starts
+// it off) returns the previous setting (tests and benchmarks compare both
+// paths).
+enum class VnniKernels { kNone, kAvx2, kAvx3 };
 bool avx_vnni_available();
+bool avx512_vnni_available();
+bool vnni_kernels_for(std::int64_t target);
+VnniKernels vnni_kernels();
 bool avx_vnni_active();
 bool set_avx_vnni(bool allow);
 

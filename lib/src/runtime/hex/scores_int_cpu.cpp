@@ -1,6 +1,6 @@
 // The HEX integer score kernels (code_scores_int: kernels_cpu.h), compiled
-// once per SIMD target as kernels_cpu.cpp is, and once more in the AVX-VNNI
-// pass (avxvnni_pass.h). A file of their own because their unrolled bodies
+// once per SIMD target as kernels_cpu.cpp is, and once more in each VPDPBUSD
+// pass (AVX-VNNI, AVX-512 VNNI: avxvnni_pass.h). A file of their own because their unrolled bodies
 // are most of the kernels' compile time (on an AVX-512 target about 60%, the
 // integer value kernels about a third): two files build in parallel.
 #ifndef HWY_WANT_AVX3_DL
@@ -13,7 +13,9 @@
 #include "runtime/hex/kernels_cpu.h"
 
 #undef KVCAL_KERNEL_NS
-#ifdef KVCAL_AVXVNNI_PASS
+#ifdef KVCAL_VNNI512_PASS
+#define KVCAL_KERNEL_NS N_AVX3_VNNI
+#elif defined(KVCAL_AVXVNNI_PASS)
 #define KVCAL_KERNEL_NS N_AVX2_VNNI
 #else
 #define KVCAL_KERNEL_NS HWY_NAMESPACE
@@ -27,7 +29,9 @@
 HWY_BEFORE_NAMESPACE();
 namespace kvcal::runtime::detail {
 namespace KVCAL_KERNEL_NS {
-#ifdef KVCAL_AVXVNNI_PASS
+#ifdef KVCAL_VNNI512_PASS
+namespace hn = hwy::N_AVX3;
+#elif defined(KVCAL_AVXVNNI_PASS)
 namespace hn = hwy::N_AVX2;
 #else
 namespace hn = hwy::HWY_NAMESPACE;
@@ -734,21 +738,14 @@ HWY_EXPORT(CodeScoresIntTiles);
 void code_scores_int(const std::uint8_t* codes, std::int64_t rows, std::int64_t row_bytes, int bits, std::int64_t dim,
                      int limbs, const std::int8_t* w8, std::int64_t nq, std::int64_t w8_stride, std::int32_t* out,
                      std::int64_t out_stride) {
-#if KVCAL_HAVE_AVXVNNI_KERNELS
-  if (avx_vnni_active())
-    return N_AVX2_VNNI::CodeScoresInt(codes, rows, row_bytes, bits, dim, limbs, w8, nq, w8_stride, out, out_stride);
-#endif
+  KVCAL_VNNI_DISPATCH(CodeScoresInt(codes, rows, row_bytes, bits, dim, limbs, w8, nq, w8_stride, out, out_stride));
   HWY_DYNAMIC_DISPATCH(CodeScoresInt)(codes, rows, row_bytes, bits, dim, limbs, w8, nq, w8_stride, out, out_stride);
 }
 
 void code_scores_int_tiles(const std::uint8_t* codes, std::int64_t rows, std::int64_t row_bytes, int bits,
                            std::int64_t dim, int limbs, const std::int8_t* w8, std::int64_t nq, std::int64_t w8_stride,
                            std::int32_t* out, std::int64_t out_stride) {
-#if KVCAL_HAVE_AVXVNNI_KERNELS
-  if (avx_vnni_active())
-    return N_AVX2_VNNI::CodeScoresIntTiles(codes, rows, row_bytes, bits, dim, limbs, w8, nq, w8_stride, out,
-                                           out_stride);
-#endif
+  KVCAL_VNNI_DISPATCH(CodeScoresIntTiles(codes, rows, row_bytes, bits, dim, limbs, w8, nq, w8_stride, out, out_stride));
   HWY_DYNAMIC_DISPATCH(CodeScoresIntTiles)
   (codes, rows, row_bytes, bits, dim, limbs, w8, nq, w8_stride, out, out_stride);
 }
