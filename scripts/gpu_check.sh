@@ -32,6 +32,9 @@
 #                                         # with bench_base there, then HEX-4 decode for it
 #                                         # and for this build again (BASE_FILTER;
 #                                         # bench_base.json, bench_again.json)
+#                                         # RESULTS_TGZ=<file>: the results folder also packed
+#                                         # into that one file, for a machine that sends back
+#                                         # only a few files
 # Every step runs even when an earlier one fails; the exit status is 1 if any
 # failed. Environment: CUDA_ARCH (default 90), SANITIZE_FILTER (the tests run
 # under compute-sanitizer; default the small shapes), BENCH_FILTER.
@@ -200,6 +203,9 @@ device_all() {  # the prebuilt binaries of 'pack'
     step "${limit[@]}" ncu --kernel-name regex:hex_decode_kernel --launch-skip 2 --launch-count 1 \
       --section SpeedOfLight --section Occupancy --section MemoryWorkloadAnalysis --section WarpStateStats \
       "$tree"/bench_hex_cuda --benchmark_filter="$NCU_FILTER" --benchmark_min_time=0.01
+  fi
+  if [[ -n ${RESULTS_TGZ:-} ]]; then
+    tar czf "$RESULTS_TGZ" -C "$out" . && echo "results packed into $RESULTS_TGZ"
   fi
 }
 
