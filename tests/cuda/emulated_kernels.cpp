@@ -190,6 +190,17 @@ TEST(HexCudaEmulated, FlowMatchesTheHostExecutor) {
   run_flow({"hex3", 1, 5, 33, 8, {9, 20}, 3, 0}, emu);
 }
 
+// Blocks of as many rows as the block has threads, or more: blocks of 128
+// filled during decode (their kept rows chosen by observed scores: 117
+// quantized and 11 kept), fp16 pages of 160 rows (a thread takes a second
+// row), and blocks of 125 quantized rows.
+TEST(HexCudaEmulated, BlocksOfAsManyRowsAsThreadsOrMore) {
+  Emulated emu;
+  run_flow({"hex4", 1, 2, 64, 128, {40}, 100, 0}, emu);
+  run_flow({"fp16", 1, 2, 64, 160, {170}, 2, 0}, emu);
+  run_flow({"hex2", 1, 3, 64, 125, {130}, 2, 0}, emu);
+}
+
 // The shapes ThreadSanitizer runs (scripts/test.sh): each kernel path once
 // (codes with entries and kept rows, fp16 pages, residual rows, splits,
 // items of several pages),
