@@ -20,11 +20,13 @@ goals:
 
 It also serves A/Bs of a change: --lib runs the first build's benchmark
 binary against copies of libkvcal_runtime.so (its RUNPATH yields to
-LD_LIBRARY_PATH; the runs are then the libraries only), --filter picks other
-benchmarks, --threads 1 gives the steadiest figures on a small host (two
-threads are bimodal there), and --layers 1 times one copy of the layer, in
-the LLC where it fits: against the default run, what memory costs the
-decode.
+LD_LIBRARY_PATH; the runs are then the libraries only), --env adds runs of
+the first build's binary with environment variables of their own (a SIMD
+target forced with KVCAL_BENCH_TARGET, a knob read from the environment),
+--filter picks other benchmarks, --threads 1 gives the steadiest figures on
+a small host (two threads are bimodal there), and --layers 1 times one copy
+of the layer, in the LLC where it fits: against the default run, what memory
+costs the decode.
 
 Usage:
   scripts/bench_decode.py                          # build/release, 3 rounds
@@ -35,6 +37,9 @@ Usage:
   cp -a build/native/lib /tmp/before && <change, rebuild>
   scripts/bench_decode.py --build build/native --lib /tmp/before --lib build/native/lib
       --threads 1 --filter '^decode/hex4@int8/' --rounds 5          (one command)
+  # The portable build's other SIMD targets forced, interleaved with the host's best
+  scripts/bench_decode.py --env AVX3:KVCAL_BENCH_TARGET=AVX3,KVCAL_AVX_VNNI=0
+      --env AVX2:KVCAL_BENCH_TARGET=AVX2,KVCAL_AVX_VNNI=0 --filter '^decode/hex[432]@int8/[14]/'
 
 Each build directory needs bin/bench_runtime (scripts/build.sh release makes
 it; a native tree: cmake -DKVCAL_NATIVE=ON). The goals are printed where the
@@ -57,6 +62,22 @@ FILTER = "^(decode/(" + "|".join(CASES) + ")/[14]/|streaming_read/2/)"
 def die(message):
     print(f"bench_decode: {message}", file=sys.stderr)
     sys.exit(2)
+
+
+def parse_env(spec):
+    """--env's LABEL:VAR=VALUE[,VAR=VALUE...] as (LABEL, {VAR: VALUE})."""
+    label, sep, rest = spec.partition(":")
+    if not sep or not label.strip() or not rest:
+        die(f"--env {spec!r}: expected LABEL:VAR=VALUE[,VAR=VALUE...]")
+    extra = {}
+    for item in rest.split(","):
+        var, eq, value = item.partition("=")
+        if not eq or not var.isidentifier():
+            die(f"--env {spec!r}: {item!r} is not VAR=VALUE")
+        if var in extra:
+            die(f"--env {spec!r}: {var} given twice")
+        extra[var] = value
+    return label, extra
 
 
 def run_once(binary, env, bench_filter, reps):
@@ -111,6 +132,9 @@ def main():
     ap.add_argument("--build", action="append", help="build directory (repeatable; default build/release)")
     ap.add_argument("--lib", action="append",
                     help="a directory with libkvcal_runtime.so to run the first build's binary against (repeatable)")
+    ap.add_argument("--env", action="append", metavar="LABEL:VAR=VALUE[,VAR=VALUE...]",
+                    help="a run of the first build's binary with these environment variables, labelled LABEL "
+                         "(repeatable)")
     ap.add_argument("--rounds", type=int, default=3, help="interleaved rounds (default 3)")
     ap.add_argument("--reps", type=int, default=6, help="repetitions per run, the fastest kept (default 6)")
     ap.add_argument("--threads", type=int, help="OMP_NUM_THREADS for the runs (default: every core)")
@@ -125,6 +149,7 @@ def main():
         die("--rounds, --reps and --threads must be at least 1")
     if a.layers is not None and not 1 <= a.layers <= 4096:
         die("--layers must be in [1, 4096]")
+    env_runs = [parse_env(spec) for spec in a.env or []]
     builds = a.build or ["build/release"]
     for b in builds:
         if not os.access(os.path.join(b, "bin", "bench_runtime"), os.X_OK):
@@ -144,9 +169,12 @@ def main():
         if len(builds) > 1:
             die("--lib takes one --build, whose benchmark binary runs against each library")
         runs = runs[1:]
+    for label, extra in env_runs:
+        runs.append((label, os.path.join(builds[0], "bin", "bench_runtime"), {**env, **extra}))
     labels = [r[0] for r in runs]
     if len(set(labels)) != len(labels):
-        die("the same build or library twice")
+        twice = sorted({x for x in labels if labels.count(x) > 1})
+        die(f"two runs labelled {', '.join(twice)} (the same build, library or --env label twice)")
     rounds = {label: [] for label in labels}
     for i in range(a.rounds):
         for label, binary, e in runs:

@@ -110,6 +110,48 @@ class RealDataScripts(unittest.TestCase):
         self.assertGreater(os.path.getsize(path), 5000, f"{path} is suspiciously small")
 
 
+class BenchDecodeArguments(unittest.TestCase):
+    """scripts/bench_decode.py refuses a malformed --env with one line and exit 2, before any run."""
+
+    def bench(self, *args):
+        return run([sys.executable, os.path.join(ROOT, "scripts", "bench_decode.py"), *args])
+
+    def test_malformed_env(self):
+        cases = {
+            "AVX2": "expected LABEL:VAR=VALUE",
+            ":KVCAL_BENCH_TARGET=AVX2": "expected LABEL:VAR=VALUE",
+            "AVX2:": "expected LABEL:VAR=VALUE",
+            "AVX2:KVCAL_BENCH_TARGET": "'KVCAL_BENCH_TARGET' is not VAR=VALUE",
+            "AVX2:1X=2": "'1X=2' is not VAR=VALUE",
+            "AVX2:A=1,A=2": "A given twice",
+        }
+        for spec, message in cases.items():
+            with self.subTest(spec=spec):
+                r = self.bench("--build", "/nonexistent", "--env", spec)
+                self.assertEqual(r.returncode, 2, r.stderr)
+                lines = r.stderr.strip().splitlines()
+                self.assertEqual(len(lines), 1, r.stderr)
+                self.assertIn(message, lines[0])
+                self.assertEqual(r.stdout, "")
+
+    def test_env_label_twice(self):
+        # Labels are checked after the binaries: an empty build tree with a
+        # bench_runtime that is executable but never run (no round starts).
+        with tempfile.TemporaryDirectory() as d:
+            os.makedirs(os.path.join(d, "bin"))
+            exe = os.path.join(d, "bin", "bench_runtime")
+            with open(exe, "w") as f:
+                f.write("#!/bin/sh\nexit 1\n")
+            os.chmod(exe, 0o755)
+            r = self.bench("--build", d, "--env", "X:A=1", "--env", "X:A=2")
+            self.assertEqual(r.returncode, 2, r.stderr)
+            self.assertIn("two runs labelled X", r.stderr)
+            self.assertNotIn("round 1", r.stderr)
+            r = self.bench("--build", d, "--env", f"{d}:A=1")
+            self.assertEqual(r.returncode, 2, r.stderr)
+            self.assertIn(f"two runs labelled {d}", r.stderr)
+
+
 if __name__ == "__main__":
     args = [a for a in sys.argv[1:]]
     if args and not args[0].startswith("-"):
