@@ -719,10 +719,16 @@ HWY_FLATTEN void ValueRunWeights(const float* HWY_RESTRICT params, const half_bi
     const auto NF = static_cast<std::int64_t>(hn::Lanes(df));
     HWY_ALIGN float sums[kRunQueries * kMaxLanes];   // per query, its lanes' sums of p * min
     HWY_ALIGN float maxes[kRunQueries * kMaxLanes];  // and their largest |p * delta|
-    for (std::int64_t k = 0; k < nq * NF; ++k) sums[k] = maxes[k] = 0.0f;
+    bool in_memory = true;                           // false where the expanded path kept them in registers
+    // Zeroed only where they are used (as two rep stos, the zeroing had 7%
+    // of this kernel's samples in a profile of hex4@int8 decode).
+    const auto zero_sums = [&] {
+      for (std::int64_t k = 0; k < nq * NF; ++k) sums[k] = maxes[k] = 0.0f;
+    };
     // The runs of quantized tokens between the kept ones, as KeyRunScores.
     const auto block = [&](auto kg) KVCAL_ENTRY_INLINE {
       constexpr int kG = decltype(kg)::value;
+      zero_sums();
       Runs(kept, nk, tokens, [&](std::int64_t t0, std::int64_t n, std::int64_t qr0) KVCAL_ENTRY_INLINE {
         const std::int64_t done = Vectors(n, [&](auto d, std::int64_t i, std::int64_t fresh) KVCAL_ENTRY_INLINE {
           const auto N = static_cast<std::int64_t>(hn::Lanes(d));
@@ -753,8 +759,17 @@ HWY_FLATTEN void ValueRunWeights(const float* HWY_RESTRICT params, const half_bi
       });
     };
 #if KVCAL_TABLE128
-    const auto expanded = [&](auto kg) KVCAL_ENTRY_INLINE {
+    // kq: the number of queries fixed at compile time (1 to 4),
+    // the lanes' sums and maxima then kept in registers, or 0: nq at run
+    // time, its sums and maxima in memory (sums, maxes) from vector to
+    // vector. The same operations in the same order either way.
+    const auto expanded = [&](auto kg, auto kq) KVCAL_ENTRY_INLINE {
       constexpr int kG = decltype(kg)::value;
+      constexpr int kQ = decltype(kq)::value;
+      const std::int64_t queries_n = kQ > 0 ? kQ : nq;
+      hn::Vec<DF> vsum[kQ > 0 ? kQ : 1], vmax[kQ > 0 ? kQ : 1];
+      for (int j = 0; j < (kQ > 0 ? kQ : 1); ++j) vsum[j] = vmax[j] = hn::Zero(df);
+      if constexpr (kQ == 0) zero_sums();
       // Whole vectors across the kept tokens (ExpandedVectors): p, y
       // masked per token (0 in clear lanes, which then add nothing to the
       // sums), the (delta, min) pairs expanded per quantized row, a
@@ -778,17 +793,22 @@ HWY_FLATTEN void ValueRunWeights(const float* HWY_RESTRICT params, const half_bi
             const hn::Vec<DF> dl{_mm512_permutex2var_ps(p0, even, p1)}, mn{_mm512_permutex2var_ps(p0, odd, p1)};
             const auto rows = static_cast<__mmask16>((1u << __builtin_popcount(m)) - 1u);
             const auto queries = [&](auto... diff) KVCAL_ENTRY_INLINE {
-              for (std::int64_t j = 0; j < nq; ++j) {
+              for (std::int64_t j = 0; j < queries_n; ++j) {
                 const hn::Vec<DF> pv{_mm512_maskz_loadu_ps(m, p + j * ps + t)};
                 const auto w = hn::Mul(pv, dl);  // 0 in clear lanes
                 if constexpr (decltype(full)::value)
                   _mm512_storeu_ps(a + j * as + r, w.raw);
                 else
                   _mm512_mask_storeu_ps(a + j * as + r, rows, _mm512_maskz_compress_ps(m, w.raw));
-                float* mj = maxes + j * NF;
-                hn::Store(hn::Max(hn::Load(df, mj), hn::Abs(w)), df, mj);
-                float* sj = sums + j * NF;
-                hn::Store(hn::MulAdd(pv, mn, hn::Load(df, sj)), df, sj);
+                if constexpr (kQ > 0) {
+                  vmax[j] = hn::Max(vmax[j], hn::Abs(w));
+                  vsum[j] = hn::MulAdd(pv, mn, vsum[j]);
+                } else {
+                  float* mj = maxes + j * NF;
+                  hn::Store(hn::Max(hn::Load(df, mj), hn::Abs(w)), df, mj);
+                  float* sj = sums + j * NF;
+                  hn::Store(hn::MulAdd(pv, mn, hn::Load(df, sj)), df, sj);
+                }
                 float* yj = y + j * kG * ys + t;
                 std::int64_t e = 0;
                 ((_mm512_mask_storeu_ps(yj + e * ys, m,
@@ -799,6 +819,13 @@ HWY_FLATTEN void ValueRunWeights(const float* HWY_RESTRICT params, const half_bi
             };
             EntryPairs<kG>(lo, hi, [&](auto... xv) KVCAL_ENTRY_INLINE { queries(hn::Sub(xv, mn)...); });
           });
+      if constexpr (kQ > 0) {
+        for (int j = 0; j < kQ; ++j) {
+          base[j] += hn::GetLane(hn::SumOfLanes(df, vsum[j]));
+          amax[j] = std::max(amax[j], hn::GetLane(hn::MaxOfLanes(df, vmax[j])));
+        }
+        in_memory = false;
+      }
     };
 #endif
     WithEntries(g, [&](auto kg) {
@@ -806,15 +833,32 @@ HWY_FLATTEN void ValueRunWeights(const float* HWY_RESTRICT params, const half_bi
 #if KVCAL_TABLE128
       // The runs (block) instantiated only where the expanded path does
       // not take the block.
-      if constexpr (decltype(kg)::value == 2 || decltype(kg)::value == 4)
-        expanded(kg);
-      else
+      if constexpr (decltype(kg)::value == 2 || decltype(kg)::value == 4) {
+        // Up to four queries (a GQA group of up to 4, or a pass of four
+        // over a larger one) with their sums and maxima in registers,
+        // not read and written back to memory every vector (bench_kernels
+        // run_entries/values, Zen 4 guest, 3 interleaved runs: one query
+        // 99-115 -> 59-81 ns, four within noise, 192-220 -> 194-291).
+        switch (nq) {
+          case 1:
+            return expanded(kg, std::integral_constant<int, 1>{});
+          case 2:
+            return expanded(kg, std::integral_constant<int, 2>{});
+          case 3:
+            return expanded(kg, std::integral_constant<int, 3>{});
+          case 4:
+            return expanded(kg, std::integral_constant<int, 4>{});
+          default:
+            return expanded(kg, std::integral_constant<int, 0>{});
+        }
+      } else {
         block(kg);
+      }
 #else
       block(kg);
 #endif
     });
-    if (vectors)
+    if (vectors && in_memory)
       for (std::int64_t j = 0; j < nq; ++j) {
         base[j] += hn::GetLane(hn::SumOfLanes(df, hn::Load(df, sums + j * NF)));
         amax[j] = std::max(amax[j], hn::GetLane(hn::MaxOfLanes(df, hn::Load(df, maxes + j * NF))));
