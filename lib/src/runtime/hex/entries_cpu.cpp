@@ -759,7 +759,7 @@ HWY_FLATTEN void ValueRunWeights(const float* HWY_RESTRICT params, const half_bi
       });
     };
 #if KVCAL_TABLE128
-    // kq: the number of queries fixed at compile time (1 to 4),
+    // kq: the number of queries fixed at compile time (1 or 2),
     // the lanes' sums and maxima then kept in registers, or 0: nq at run
     // time, its sums and maxima in memory (sums, maxes) from vector to
     // vector. The same operations in the same order either way.
@@ -834,20 +834,18 @@ HWY_FLATTEN void ValueRunWeights(const float* HWY_RESTRICT params, const half_bi
       // The runs (block) instantiated only where the expanded path does
       // not take the block.
       if constexpr (decltype(kg)::value == 2 || decltype(kg)::value == 4) {
-        // Up to four queries (a GQA group of up to 4, or a pass of four
-        // over a larger one) with their sums and maxima in registers,
-        // not read and written back to memory every vector (bench_kernels
+        // One or two queries with their sums and maxima in registers, not
+        // read and written back to memory every vector (bench_kernels
         // run_entries/values, Zen 4 guest, 3 interleaved runs: one query
-        // 99-115 -> 59-81 ns, four within noise, 192-220 -> 194-291).
+        // 99-115 -> 59-81 ns). For four queries in registers the kernel
+        // was no faster (192-220 -> 194-291 ns) and the decode at a group
+        // of 4 took up to 7% more time, so three or more keep theirs in
+        // memory.
         switch (nq) {
           case 1:
             return expanded(kg, std::integral_constant<int, 1>{});
           case 2:
             return expanded(kg, std::integral_constant<int, 2>{});
-          case 3:
-            return expanded(kg, std::integral_constant<int, 3>{});
-          case 4:
-            return expanded(kg, std::integral_constant<int, 4>{});
           default:
             return expanded(kg, std::integral_constant<int, 0>{});
         }
