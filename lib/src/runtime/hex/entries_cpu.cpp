@@ -719,7 +719,6 @@ HWY_FLATTEN void ValueRunWeights(const float* HWY_RESTRICT params, const half_bi
     const auto NF = static_cast<std::int64_t>(hn::Lanes(df));
     HWY_ALIGN float sums[kRunQueries * kMaxLanes];   // per query, its lanes' sums of p * min
     HWY_ALIGN float maxes[kRunQueries * kMaxLanes];  // and their largest |p * delta|
-    bool in_memory = true;                           // false where the expanded path kept them in registers
     // Zeroed only where they are used (as two rep stos, the zeroing had 7%
     // of this kernel's samples in a profile of hex4@int8 decode).
     const auto zero_sums = [&] {
@@ -819,13 +818,11 @@ HWY_FLATTEN void ValueRunWeights(const float* HWY_RESTRICT params, const half_bi
             };
             EntryPairs<kG>(lo, hi, [&](auto... xv) KVCAL_ENTRY_INLINE { queries(hn::Sub(xv, mn)...); });
           });
-      if constexpr (kQ > 0) {
+      if constexpr (kQ > 0)  // for the reduction below, as the memory form leaves them
         for (int j = 0; j < kQ; ++j) {
-          base[j] += hn::GetLane(hn::SumOfLanes(df, vsum[j]));
-          amax[j] = std::max(amax[j], hn::GetLane(hn::MaxOfLanes(df, vmax[j])));
+          hn::Store(vsum[j], df, sums + j * NF);
+          hn::Store(vmax[j], df, maxes + j * NF);
         }
-        in_memory = false;
-      }
     };
 #endif
     WithEntries(g, [&](auto kg) {
@@ -856,7 +853,7 @@ HWY_FLATTEN void ValueRunWeights(const float* HWY_RESTRICT params, const half_bi
       block(kg);
 #endif
     });
-    if (vectors && in_memory)
+    if (vectors)
       for (std::int64_t j = 0; j < nq; ++j) {
         base[j] += hn::GetLane(hn::SumOfLanes(df, hn::Load(df, sums + j * NF)));
         amax[j] = std::max(amax[j], hn::GetLane(hn::MaxOfLanes(df, hn::Load(df, maxes + j * NF))));
