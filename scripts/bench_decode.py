@@ -81,15 +81,18 @@ def parse_env(spec):
 
 
 def run_once(binary, env, bench_filter, reps):
-    """Fastest repetition of each benchmark: {name: (ms, bytes/s, kv_size_pct)}."""
+    """Fastest repetition of each benchmark, {name: (ms, bytes/s, kv_size_pct)}, and the
+    kernels' SIMD target the binary reported (its context's simd_target)."""
     cmd = [binary, f"--benchmark_filter={bench_filter}", f"--benchmark_repetitions={reps}", "--benchmark_format=json"]
     p = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, **env})
     if p.returncode != 0:
         last = (p.stderr.strip().splitlines() or ["no message"])[-1]
         die(f"{binary} failed (exit {p.returncode}): {last}")
     try:
-        found = json.loads(p.stdout)["benchmarks"] if p.stdout.strip() else []
-    except (ValueError, KeyError) as e:
+        out = json.loads(p.stdout) if p.stdout.strip() else {}
+        found = out.get("benchmarks", [])
+        target = out.get("context", {}).get("simd_target", "unknown")
+    except (ValueError, KeyError, AttributeError) as e:
         die(f"{binary} printed no benchmark results ({e})")
     best = {}
     for b in found:
@@ -102,7 +105,7 @@ def run_once(binary, env, bench_filter, reps):
             best[name] = (t, b.get("bytes_per_second", 0.0), b.get("kv_size_pct", 100.0))
     if not best:
         die(f"the filter {bench_filter!r} matched no benchmark of {binary}")
-    return best
+    return best, target
 
 
 GOAL_NAMES = ["streaming_read/2"] + [f"decode/{c}/{g}" for c in CASES for g in (1, 4)]
@@ -176,19 +179,26 @@ def main():
         twice = sorted({x for x in labels if labels.count(x) > 1})
         die(f"two runs labelled {', '.join(twice)} (the same build, library or --env label twice)")
     rounds = {label: [] for label in labels}
+    targets = {}  # the kernels' SIMD target each run reported
     for i in range(a.rounds):
         for label, binary, e in runs:
             print(f"round {i + 1}/{a.rounds}: {label}", file=sys.stderr, flush=True)
-            rounds[label].append(run_once(binary, e, a.filter, a.reps))
+            best, targets[label] = run_once(binary, e, a.filter, a.reps)
+            rounds[label].append(best)
+    if len(set(targets.values())) > 1:
+        # Intended for forced targets (--env); otherwise a sign that a tree
+        # built for timing did not compile the host's best kernels.
+        print("bench_decode: the runs used different SIMD targets: "
+              + ", ".join(f"{k} {v}" for k, v in targets.items()), file=sys.stderr)
     names = sorted(rounds[labels[0]][0], key=lambda n: (n.startswith("streaming"), n))
     threads = f"{a.threads} thread(s)" if a.threads else "all threads"
     if a.layers:
         threads += f", {a.layers} cop{'y' if a.layers == 1 else 'ies'} of the layer"
     report = {"runs": labels, "rounds": a.rounds, "reps": a.reps, "threads": a.threads, "layers": a.layers,
-              "filter": a.filter,
+              "filter": a.filter, "simd_targets": targets,
               "figures": {}, "goals": {}}
     for label in labels:
-        print(f"\n{label}: fastest of {a.reps}, ms, by round ({threads})")
+        print(f"\n{label} (kernels: {targets[label]}): fastest of {a.reps}, ms, by round ({threads})")
         for n in names:
             print(f"  {n:28s} " + "  ".join(f"{r[n][0]:8.3f}" for r in rounds[label]))
         report["figures"][label] = {n: [r[n][0] for r in rounds[label]] for n in names}
