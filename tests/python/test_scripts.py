@@ -6,6 +6,7 @@ scripts (scripts/plot_heads.py, scripts/plot_entropy.py) producing their PNGs.
 Usage: python3 tests/python/test_scripts.py [path/to/kvcal]   (or KVCAL_BIN=...)
 Skips with a message when numpy, h5py or matplotlib is missing.
 """
+import json
 import os
 import subprocess
 import sys
@@ -150,6 +151,42 @@ class BenchDecodeArguments(unittest.TestCase):
             r = self.bench("--build", d, "--env", f"{d}:A=1")
             self.assertEqual(r.returncode, 2, r.stderr)
             self.assertIn(f"two runs labelled {d}", r.stderr)
+
+    def fake_build(self, root, name, target, ms):
+        """A build tree whose bench_runtime prints one benchmark's JSON, as Google Benchmark does."""
+        d = os.path.join(root, name)
+        os.makedirs(os.path.join(d, "bin"))
+        exe = os.path.join(d, "bin", "bench_runtime")
+        doc = {"context": {"simd_target": target},
+               "benchmarks": [{"run_name": "decode/hex4@int8/1/real_time", "run_type": "iteration",
+                               "real_time": ms, "time_unit": "ms", "bytes_per_second": 1e9, "kv_size_pct": 31.5}]}
+        with open(exe, "w") as f:
+            f.write("#!/bin/sh\ncat <<'EOF'\n" + json.dumps(doc) + "\nEOF\n")
+        os.chmod(exe, 0o755)
+        return d
+
+    def test_reports_each_runs_kernels(self):
+        # Two builds on different SIMD targets: each run's kernels printed and
+        # in the JSON report, and a warning that the runs differ; two on the
+        # same target, no warning.
+        with tempfile.TemporaryDirectory() as root:
+            a = self.fake_build(root, "a", "AVX3_DL", 2.0)
+            b = self.fake_build(root, "b", "AVX3+AVX512-VNNI", 2.5)
+            c = self.fake_build(root, "c", "AVX3_DL", 2.2)
+            out = os.path.join(root, "report.json")
+            r = self.bench("--build", a, "--build", b, "--filter", "^decode/hex4@int8/1/", "--rounds", "1",
+                           "--reps", "1", "--json", out)
+            self.assertEqual(r.returncode, 0, r.stderr)
+            self.assertIn(f"{a} (kernels: AVX3_DL)", r.stdout)
+            self.assertIn(f"{b} (kernels: AVX3+AVX512-VNNI)", r.stdout)
+            self.assertIn("the runs used different SIMD targets", r.stderr)
+            self.assertIn("decode/hex4@int8/1           0.80", r.stdout)  # 2.0 / 2.5 ms
+            with open(out) as f:
+                self.assertEqual(json.load(f)["simd_targets"], {a: "AVX3_DL", b: "AVX3+AVX512-VNNI"})
+            r = self.bench("--build", a, "--build", c, "--filter", "^decode/hex4@int8/1/", "--rounds", "1",
+                           "--reps", "1")
+            self.assertEqual(r.returncode, 0, r.stderr)
+            self.assertNotIn("different SIMD targets", r.stderr)
 
 
 if __name__ == "__main__":
