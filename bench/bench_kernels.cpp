@@ -136,10 +136,12 @@ void accumulate_tiles(benchmark::State& state, const std::string& dot) {
   const std::int64_t group = state.range(1), rows = state.range(2);
   const bool tiled = state.range(3) != 0;
   const int limbs = limbs_of(dot);
-  // Where the target keeps such values in rows (3 bits without VBMI), the
-  // tiled call would time the portable reference, a path no decode takes.
+  // Where the decode keeps such values in rows (3 bits without VBMI, or
+  // with two-limb weights), the tiled call would time the portable
+  // reference, a path no decode takes.
   if (tiled && !d::value_tiles_layout(bits, kDim, limbs)) {
-    state.SkipWithError("this target keeps these values in rows (3-bit value tiles need VBMI): see <tiled> 0");
+    state.SkipWithError(
+        "the decode keeps these values in rows here (3-bit value tiles need VBMI and int8 weights): see <tiled> 0");
     return;
   }
   Inputs in(bits, group, rows, limbs);
