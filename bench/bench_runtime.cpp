@@ -20,7 +20,8 @@
 //    LLC, whichever is larger: the memory-read bandwidth the decode figures are
 //    compared with.
 // The context line simd_target names the kernels' SIMD target on this host
-// (KVCAL_BENCH_TARGET forces another: see force_target.h).
+// (KVCAL_BENCH_TARGET forces another: see force_target.h), prefetch_far how
+// far ahead the code kernels request codes in memory (KVCAL_PREFETCH_FAR).
 // Keys and values are Gaussian with a few outlier channels, the shape real
 // keys have; the expander mask is generated and certified like the runtime does.
 #include <benchmark/benchmark.h>
@@ -211,6 +212,9 @@ int register_all() {
   // The SIMD target the kernels run on (dispatched at run time).
   kvcal::bench::force_target_from_env();
   benchmark::AddCustomContext("simd_target", rt::simd_target());
+  // How far ahead the integer code kernels request 3- and 4-bit codes.
+  benchmark::AddCustomContext("prefetch_far", std::to_string(rt::prefetch_far_bytes(3)) + " B (3-bit), " +
+                                                  std::to_string(rt::prefetch_far_bytes(4)) + " B (4-bit)");
   for (const char* m : kMethods) {
     if (std::string(m) != "fp16" && std::string(m).find('@') == std::string::npos)
       benchmark::RegisterBenchmark((std::string("compress_block/") + m).c_str(), compress_block, std::string(m))

@@ -81,8 +81,9 @@ def parse_env(spec):
 
 
 def run_once(binary, env, bench_filter, reps):
-    """Fastest repetition of each benchmark, {name: (ms, bytes/s, kv_size_pct)}, and the
-    kernels' SIMD target the binary reported (its context's simd_target)."""
+    """Fastest repetition of each benchmark, {name: (ms, bytes/s, kv_size_pct)}, the
+    kernels' SIMD target the binary reported (its context's simd_target) and how far
+    ahead its code kernels requested codes (prefetch_far; None from binaries without it)."""
     cmd = [binary, f"--benchmark_filter={bench_filter}", f"--benchmark_repetitions={reps}", "--benchmark_format=json"]
     p = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, **env})
     if p.returncode != 0:
@@ -92,6 +93,7 @@ def run_once(binary, env, bench_filter, reps):
         out = json.loads(p.stdout) if p.stdout.strip() else {}
         found = out.get("benchmarks", [])
         target = out.get("context", {}).get("simd_target", "unknown")
+        far = out.get("context", {}).get("prefetch_far")
     except (ValueError, AttributeError) as e:
         die(f"{binary} printed no benchmark results ({e})")
     best = {}
@@ -105,7 +107,7 @@ def run_once(binary, env, bench_filter, reps):
             best[name] = (t, b.get("bytes_per_second", 0.0), b.get("kv_size_pct", 100.0))
     if not best:
         die(f"the filter {bench_filter!r} matched no benchmark of {binary}")
-    return best, target
+    return best, target, far
 
 
 GOAL_NAMES = ["streaming_read/2"] + [f"decode/{c}/{g}" for c in CASES for g in (1, 4)]
@@ -180,10 +182,11 @@ def main():
         die(f"two runs labelled {', '.join(twice)} (the same build, library or --env label twice)")
     rounds = {label: [] for label in labels}
     targets = {}  # the kernels' SIMD target each run reported
+    fars = {}  # and how far ahead its code kernels requested codes
     for i in range(a.rounds):
         for label, binary, e in runs:
             print(f"round {i + 1}/{a.rounds}: {label}", file=sys.stderr, flush=True)
-            best, targets[label] = run_once(binary, e, a.filter, a.reps)
+            best, targets[label], fars[label] = run_once(binary, e, a.filter, a.reps)
             rounds[label].append(best)
     if len(set(targets.values())) > 1:
         # Intended for forced targets (--env); otherwise a sign that a tree
@@ -195,10 +198,11 @@ def main():
     if a.layers:
         threads += f", {a.layers} cop{'y' if a.layers == 1 else 'ies'} of the layer"
     report = {"runs": labels, "rounds": a.rounds, "reps": a.reps, "threads": a.threads, "layers": a.layers,
-              "filter": a.filter, "simd_targets": targets,
+              "filter": a.filter, "simd_targets": targets, "prefetch_far": fars,
               "figures": {}, "goals": {}}
     for label in labels:
-        print(f"\n{label} (kernels: {targets[label]}): fastest of {a.reps}, ms, by round ({threads})")
+        far = f"; far requests: {fars[label]}" if fars[label] else ""
+        print(f"\n{label} (kernels: {targets[label]}{far}): fastest of {a.reps}, ms, by round ({threads})")
         for n in names:
             print(f"  {n:28s} " + "  ".join(f"{r[n][0]:8.3f}" for r in rounds[label]))
         report["figures"][label] = {n: [r[n][0] for r in rounds[label]] for n in names}

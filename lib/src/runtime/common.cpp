@@ -21,4 +21,6 @@ std::string simd_target() {
   return t;
 }
 
+std::int64_t prefetch_far_bytes(int bits) { return detail::prefetch_far_bytes(bits); }
+
 }  // namespace kvcal::runtime

@@ -20,6 +20,7 @@
 #include <map>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <hwy/targets.h>
@@ -710,6 +711,62 @@ TEST(HexKernels, IntegerCodeKernelsEqualReferenceExactly) {
                   ASSERT_EQ(fsum[static_cast<std::size_t>(j * cs + x)], fs0[static_cast<std::size_t>(j * cs + x)]);
               }
             }
+  });
+}
+
+// The far requests' distance (prefetch.cpp): 8 KiB, 16 KiB for 4-bit codes
+// on AMD family 0x19 with AVX-512 (Zen 4), KVCAL_PREFETCH_FAR's bytes in
+// [0, 1 MiB] instead, anything else in it ignored; and the integer code
+// kernels' results the same at any distance (the requests past the end of
+// the codes, up to a MiB beyond these small buffers, read nothing).
+TEST(HexKernels, FarRequestDistanceIsChosenPerCpuAndLeavesResultsAlone) {
+  const auto chosen = [](bool amd19, bool avx512, const char* env) {
+    const FarBytes f = choose_prefetch_far(amd19, avx512, env);
+    return std::pair<i64, i64>(f.bits3, f.bits4);
+  };
+  using P = std::pair<i64, i64>;
+  EXPECT_EQ(chosen(false, false, nullptr), P(8192, 8192));
+  EXPECT_EQ(chosen(false, true, nullptr), P(8192, 8192));  // Intel with AVX-512
+  EXPECT_EQ(chosen(true, false, nullptr), P(8192, 8192));  // Zen 3
+  EXPECT_EQ(chosen(true, true, nullptr), P(8192, 16384));  // Zen 4
+  EXPECT_EQ(chosen(true, true, "4096"), P(4096, 4096));
+  EXPECT_EQ(chosen(false, false, "0"), P(0, 0));
+  EXPECT_EQ(chosen(false, false, "1048576"), P(1048576, 1048576));
+  for (const char* bad : {"", "1048577", "99999999", "-1", "12k", "8 KiB", " 64", "0x100"})
+    EXPECT_EQ(chosen(true, true, bad), P(8192, 16384)) << "'" << bad << "'";
+  EXPECT_EQ(prefetch_far_bytes(2), 0);
+  EXPECT_EQ(prefetch_far_bytes(3), far_bytes_by_bits[3]);
+  EXPECT_EQ(prefetch_far_bytes(4), far_bytes_by_bits[4]);
+
+  struct Restore {
+    FarBytes f;
+    ~Restore() { set_prefetch_far(f); }
+  } restore{set_prefetch_far(FarBytes{})};
+  on_every_target([] {
+    std::mt19937_64 rng(0x66617231);
+    std::uniform_int_distribution<int> byte(0, 255), w8(-127, 127);
+    const i64 dim = 128, rows = 96, nq = 4;
+    for (const int bits : {3, 4}) {
+      const i64 rb = dim * bits / 8;
+      std::vector<std::uint8_t> codes(static_cast<std::size_t>(rows * rb));
+      for (auto& c : codes) c = static_cast<std::uint8_t>(byte(rng));
+      std::vector<std::int8_t> w(static_cast<std::size_t>(nq * dim)), a(static_cast<std::size_t>(nq * rows));
+      for (auto& x : w) x = static_cast<std::int8_t>(w8(rng));
+      for (auto& x : a) x = static_cast<std::int8_t>(w8(rng));
+      std::vector<std::int32_t> sref(static_cast<std::size_t>(nq * rows)), aref(static_cast<std::size_t>(nq * dim));
+      code_scores_int_reference(codes.data(), rows, rb, bits, dim, 1, w.data(), nq, dim, sref.data(), rows);
+      code_accumulate_int_reference(codes.data(), rows, rb, bits, dim, 1, a.data(), nq, rows, aref.data(), dim);
+      for (const i64 far : {i64{0}, i64{64}, i64{8192}, i64{16384}, i64{1} << 20}) {
+        SCOPED_TRACE("bits " + std::to_string(bits) + " far " + std::to_string(far));
+        set_prefetch_far(FarBytes{far, far});
+        ASSERT_EQ(prefetch_far_bytes(bits), far);
+        std::vector<std::int32_t> s(sref.size(), -7), acc(aref.size(), 0);
+        code_scores_int(codes.data(), rows, rb, bits, dim, 1, w.data(), nq, dim, s.data(), rows);
+        code_accumulate_int(codes.data(), rows, rb, bits, dim, 1, a.data(), nq, rows, acc.data(), dim);
+        ASSERT_EQ(s, sref);
+        ASSERT_EQ(acc, aref);
+      }
+    }
   });
 }
 

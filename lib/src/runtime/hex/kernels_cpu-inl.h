@@ -71,23 +71,27 @@ using DH = hn::Rebind<hwy::float16_t, DF>;
 // line of the rows ahead").
 constexpr std::int64_t kPrefetchRows = 48;
 // The integer code kernels (code_scores_int, code_accumulate_int) also
-// request the lines kFarBytes ahead of the rows they read, with the hint for
+// request lines some KiB ahead of the rows they read, with the hint for
 // the outer caches (PREFETCHT2): at their speed, their near requests (48 to
 // 96 rows, 3-6 KiB of 4-bit codes) come too late for lines still in memory,
 // and requesting 128 to 256 rows ahead into L1 instead made them slower. On
 // the 2-vCPU Zen 4 guest, decode over 32K tokens with one thread: hex4@int8
 // 7-12% less time with a group of 1 and 10-16% less with a group of 4,
-// kcvt4@int8 9-17% less (16 KiB ahead: about the same). Not for 2-bit rows:
-// 5-11% more time with one query, nothing gained with four.
-constexpr std::int64_t kFarBytes = 8192;
-// Requests the lines of [p + kFarBytes, p + kFarBytes + n) for kBits-bit
-// rows, one request per line (past the end of the codes is harmless). For
-// rows in memory only: 3-bit rows widened into a chunk get theirs from the
-// widening (see WidenedChunks3).
+// kcvt4@int8 9-17% less. Not for 2-bit rows: 5-11% more time with one
+// query, nothing gained with four. How far: 8 KiB, and 16 KiB for 4-bit
+// codes on AMD Zen 4, chosen when the library loads (far_bytes_by_bits,
+// prefetch.cpp, where the timings are).
+// Requests the lines of [p + far, p + far + n) for kBits-bit rows, far =
+// far_bytes_by_bits[kBits] (0: none), one request per line (past the end of
+// the codes is harmless). For rows in memory only: 3-bit rows widened into a
+// chunk get theirs from the widening (see WidenedChunks3).
 template <int kBits>
 HWY_INLINE void PrefetchFar(const std::uint8_t* p, std::int64_t n) {
-  if constexpr (kBits != 2)
-    for (std::int64_t o = 0; o < n; o += 64) __builtin_prefetch(p + kFarBytes + o, 0, 1);
+  if constexpr (kBits != 2) {
+    const std::int64_t far = far_bytes_by_bits[kBits];
+    if (far > 0)
+      for (std::int64_t o = 0; o < n; o += 64) __builtin_prefetch(p + far + o, 0, 1);
+  }
 }
 
 HWY_INLINE float Sum(DF d, hn::Vec<DF> v) { return hn::GetLane(hn::SumOfLanes(d, v)); }
@@ -479,7 +483,7 @@ void WidenRows3(const std::uint8_t* codes, std::int64_t n, std::int64_t row_byte
 // read them in place.
 //
 // The kernels that read the chunks make no far requests (their argument far
-// = false: the chunk is in L1, and kFarBytes past it is not the rows'
+// = false: the chunk is in L1, and the far distance past it is not the rows'
 // memory); with kFar the widening makes them, for the stored rows. kFar
 // where the chunks are a whole block's rows, not where they are a block's
 // last rows after a kernel that read the others in place (that kernel made

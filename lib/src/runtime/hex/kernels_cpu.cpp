@@ -1330,7 +1330,7 @@ HWY_INLINE void Sums::FlushBlocks(D32 d32, hn::Vec<D32> h, hn::Vec<D32> l, int m
 // limb_stride after their hi limbs. 3-bit rows (kBits = 3) are read in place
 // (IntBytes) but for the last group of four rows, which holds the block's
 // last row: those rows are widened to 4-bit rows first (4 run <= kIntWide3Bytes).
-// far: the requests kFarBytes ahead (PrefetchFar); false for rows widened
+// far: the requests far_bytes_by_bits ahead (PrefetchFar); false for rows widened
 // into a chunk (see WidenedChunks3). kTiled: the rows stored as value tiles,
 // whose vectors (TileGroup; 3 bits, Tile3Bytes) are in slot order, so
 // neither transposed nor put back in order when flushed; 3-bit tiles only

@@ -332,7 +332,7 @@ HWY_INLINE std::int64_t ScoresIntFour(D8 d8, const std::uint8_t* codes, std::int
 #endif
 
 // The scores of nq queries, four at a time. far: the kernels' requests
-// kFarBytes ahead (PrefetchFar); false for rows widened into a chunk (see
+// far_bytes_by_bits ahead (PrefetchFar); false for rows widened into a chunk (see
 // WidenedChunks3).
 template <int kBits, int kL, class D8>
 void ScoresIntGroups(D8 d8, const std::uint8_t* codes, std::int64_t rows, std::int64_t row_bytes, std::int64_t run,
@@ -538,7 +538,7 @@ HWY_INLINE V TileScore(const V* acc) {
 // a time, for independent sums. The lines 96 rows ahead of each read are
 // requested into L1 (as ScoresIntT4 does; a tile ahead, they came too late:
 // hex4@int8 decode over 32K tokens, one thread, 4-5% slower at a group of 1
-// than the row layout, then on a par), and those kFarBytes ahead
+// than the row layout, then on a par), and those far_bytes_by_bits ahead
 // (PrefetchFar): one of each per line read.
 template <int kBits, int kQ, int kL, class D8>
 KVCAL_FLATTEN void ScoresIntTiles(D8 d8, const std::uint8_t* codes, std::int64_t tiles, std::int64_t row_bytes,

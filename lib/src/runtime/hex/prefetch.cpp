@@ -1,0 +1,94 @@
+// How far ahead the integer code kernels request rows still in memory
+// (far_bytes_by_bits, kernels_cpu.h), chosen once when the library loads.
+//
+// 8 KiB by default: on the Intel guests of the measurement log (docs/cpu-decode-log.md)
+// 16 KiB took 3-16% more time (Ice Lake) or gained nothing (model 207), and
+// 4 KiB or none gained nothing beyond noise with two threads. On AMD Zen 4
+// (a 2-vCPU EPYC guest, family 0x19 model 0x11) 16 KiB for 4-bit codes took
+// 15-31% off hex4@int8 decode over 32K tokens with one query and 4-11% with
+// four (one thread, interleaved rounds), and 23-39% / 9-23% off kcvt4@int8;
+// 3-bit codes were 13-16% slower at 16 KiB and no faster at 12 KiB, so they
+// keep 8 KiB. Zen 3 (family 0x19 without AVX-512) and later AMD families
+// were not timed at 16 KiB and keep 8 KiB.
+#include <cstdlib>
+#include <cstring>
+
+#include "runtime/hex/kernels_cpu.h"
+#if defined(__x86_64__) || defined(__i386__)
+#include <cpuid.h>
+#endif
+
+namespace kvcal::runtime::detail {
+
+FarBytes choose_prefetch_far(bool amd_family19, bool avx512, const char* env) {
+  FarBytes f;
+  if (amd_family19 && avx512) f.bits4 = 16384;
+  if (env != nullptr && *env != '\0' && std::strlen(env) <= 7) {
+    std::int64_t v = 0;
+    bool digits = true;
+    for (const char* c = env; *c != '\0'; ++c) {
+      if (*c < '0' || *c > '9') {
+        digits = false;
+        break;
+      }
+      v = 10 * v + (*c - '0');
+    }
+    if (digits && v <= (std::int64_t{1} << 20)) f.bits3 = f.bits4 = v;
+  }
+  return f;
+}
+
+namespace {
+
+// AMD family 0x19 (cpuid leaf 1: base family 0xf plus extended family 0xa)
+// and AVX-512 F (leaf 7, EBX bit 16) with the OS saving the ZMM state.
+void cpu_facts(bool& amd_family19, bool& avx512) {
+  amd_family19 = avx512 = false;
+#if defined(__x86_64__) || defined(__i386__)
+  unsigned a = 0, b = 0, c = 0, d = 0;
+  if (__get_cpuid(0, &a, &b, &c, &d) == 0) return;
+  const bool amd = b == 0x68747541u && d == 0x69746e65u && c == 0x444d4163u;  // "AuthenticAMD"
+  if (__get_cpuid(1, &a, &b, &c, &d) == 0) return;
+  const unsigned family = ((a >> 8) & 0xfu) + (((a >> 8) & 0xfu) == 0xfu ? ((a >> 20) & 0xffu) : 0u);
+  amd_family19 = amd && family == 0x19u;
+  const bool osxsave = (c >> 27) & 1u;
+  unsigned b7 = 0;
+  if (osxsave && __get_cpuid_count(7, 0, &a, &b7, &c, &d) != 0 && ((b7 >> 16) & 1u) != 0) {
+    unsigned lo = 0, hi = 0;
+    __asm__("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
+    avx512 = (lo & 0xe6u) == 0xe6u;  // XMM, YMM, opmask, ZMM_Hi256, Hi16_ZMM
+  }
+#endif
+}
+
+FarBytes chosen() {
+  bool amd_family19 = false, avx512 = false;
+  cpu_facts(amd_family19, avx512);
+  return choose_prefetch_far(amd_family19, avx512, std::getenv("KVCAL_PREFETCH_FAR"));
+}
+
+}  // namespace
+
+// Constant-initialised to the defaults (a kernel called from another
+// library's static initialiser before this one's runs gets those), then set
+// for this CPU.
+std::int64_t far_bytes_by_bits[5] = {0, 0, 0, 8192, 8192};
+namespace {
+[[maybe_unused]] const bool far_bytes_set = [] {
+  const FarBytes f = chosen();
+  far_bytes_by_bits[3] = f.bits3;
+  far_bytes_by_bits[4] = f.bits4;
+  return true;
+}();
+}  // namespace
+
+std::int64_t prefetch_far_bytes(int bits) { return bits == 3 || bits == 4 ? far_bytes_by_bits[bits] : 0; }
+
+FarBytes set_prefetch_far(FarBytes f) {
+  const FarBytes old{far_bytes_by_bits[3], far_bytes_by_bits[4]};
+  far_bytes_by_bits[3] = f.bits3;
+  far_bytes_by_bits[4] = f.bits4;
+  return old;
+}
+
+}  // namespace kvcal::runtime::detail
