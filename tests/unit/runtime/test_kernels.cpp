@@ -735,8 +735,6 @@ TEST(HexKernels, FarRequestDistanceIsChosenPerCpuAndLeavesResultsAlone) {
   for (const char* bad : {"", "1048577", "99999999", "-1", "12k", "8 KiB", " 64", "0x100"})
     EXPECT_EQ(chosen(true, true, bad), P(8192, 16384)) << "'" << bad << "'";
   EXPECT_EQ(prefetch_far_bytes(2), 0);
-  EXPECT_EQ(prefetch_far_bytes(3), far_bytes_by_bits[3]);
-  EXPECT_EQ(prefetch_far_bytes(4), far_bytes_by_bits[4]);
 
   struct Restore {
     FarBytes f;

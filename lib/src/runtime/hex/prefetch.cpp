@@ -13,6 +13,8 @@
 #include <cstdlib>
 #include <cstring>
 
+#include <hwy/targets.h>
+
 #include "runtime/hex/kernels_cpu.h"
 #if defined(__x86_64__) || defined(__i386__)
 #include <cpuid.h>
@@ -40,31 +42,26 @@ FarBytes choose_prefetch_far(bool amd_family19, bool avx512, const char* env) {
 
 namespace {
 
-// AMD family 0x19 (cpuid leaf 1: base family 0xf plus extended family 0xa)
-// and AVX-512 F (leaf 7, EBX bit 16) with the OS saving the ZMM state.
-void cpu_facts(bool& amd_family19, bool& avx512) {
-  amd_family19 = avx512 = false;
+// Whether the CPU is AMD family 0x19 (cpuid leaf 1: base family 0xf plus
+// extended family 0xa).
+bool amd_family19() {
 #if defined(__x86_64__) || defined(__i386__)
   unsigned a = 0, b = 0, c = 0, d = 0;
-  if (__get_cpuid(0, &a, &b, &c, &d) == 0) return;
+  if (__get_cpuid(0, &a, &b, &c, &d) == 0) return false;
   const bool amd = b == 0x68747541u && d == 0x69746e65u && c == 0x444d4163u;  // "AuthenticAMD"
-  if (__get_cpuid(1, &a, &b, &c, &d) == 0) return;
-  const unsigned family = ((a >> 8) & 0xfu) + (((a >> 8) & 0xfu) == 0xfu ? ((a >> 20) & 0xffu) : 0u);
-  amd_family19 = amd && family == 0x19u;
-  const bool osxsave = (c >> 27) & 1u;
-  unsigned b7 = 0;
-  if (osxsave && __get_cpuid_count(7, 0, &a, &b7, &c, &d) != 0 && ((b7 >> 16) & 1u) != 0) {
-    unsigned lo = 0, hi = 0;
-    __asm__("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
-    avx512 = (lo & 0xe6u) == 0xe6u;  // XMM, YMM, opmask, ZMM_Hi256, Hi16_ZMM
-  }
+  if (!amd || __get_cpuid(1, &a, &b, &c, &d) == 0) return false;
+  const unsigned base = (a >> 8) & 0xfu;
+  return base + (base == 0xfu ? (a >> 20) & 0xffu : 0u) == 0x19u;
+#else
+  return false;
 #endif
 }
 
 FarBytes chosen() {
-  bool amd_family19 = false, avx512 = false;
-  cpu_facts(amd_family19, avx512);
-  return choose_prefetch_far(amd_family19, avx512, std::getenv("KVCAL_PREFETCH_FAR"));
+  // AVX-512 as Highway finds it (the CPU's F, VL, DQ, BW and the OS's ZMM
+  // state): its AVX3 target or a later one among those the CPU supports.
+  const bool avx512 = (hwy::SupportedTargets() & (HWY_AVX3 | HWY_AVX3_DL)) != 0;
+  return choose_prefetch_far(amd_family19(), avx512, std::getenv("KVCAL_PREFETCH_FAR"));
 }
 
 }  // namespace
