@@ -83,11 +83,12 @@ constexpr std::int64_t kPrefetchRows = 48;
 // prefetch.cpp, where the timings are).
 // Requests the lines of [p + far, p + far + n) for kBits-bit rows, far =
 // far_bytes_by_bits[kBits] (0: none), one request per line (past the end of
-// the codes is harmless). For rows in memory only: 3-bit rows widened into a
-// chunk get theirs from the widening (see WidenedChunks3).
+// the codes is harmless). For stored 3- and 4-bit rows in memory only: 2-bit
+// rows make none, and 3-bit rows widened into a chunk (kWide3, not an index
+// of far_bytes_by_bits) get theirs from the widening (see WidenedChunks3).
 template <int kBits>
 HWY_INLINE void PrefetchFar(const std::uint8_t* p, std::int64_t n) {
-  if constexpr (kBits != 2) {
+  if constexpr (kBits == 3 || kBits == 4) {
     const std::int64_t far = far_bytes_by_bits[kBits];
     if (far > 0)
       for (std::int64_t o = 0; o < n; o += 64) __builtin_prefetch(p + far + o, 0, 1);
