@@ -33,7 +33,7 @@ echo "== aarch64 (qemu-aarch64)"
 mkdir -p build/aarch64
 aarch64-linux-gnu-g++ -std=c++20 -O2 -Ilib/include -Ilib/src \
   tests/unit/runtime/test_kernels.cpp lib/src/runtime/hex/kernels_cpu.cpp lib/src/runtime/hex/scores_int_cpu.cpp \
-  lib/src/runtime/hex/entries_cpu.cpp lib/src/runtime/hex/prefetch.cpp lib/src/core/half.cpp \
+  lib/src/runtime/hex/values_int_cpu.cpp lib/src/runtime/hex/entries_cpu.cpp lib/src/runtime/hex/prefetch.cpp lib/src/core/half.cpp \
   -lhwy -lgtest_main -lgtest -pthread -o build/aarch64/kvcal_kernel_tests
 out=$(qemu-aarch64 -L /usr/aarch64-linux-gnu build/aarch64/kvcal_kernel_tests 2>&1) || { echo "$out"; exit 1; }
 echo "$out" | grep -E 'SIMD targets|PASSED|FAILED'

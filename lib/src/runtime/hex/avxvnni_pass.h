@@ -15,8 +15,8 @@
 // ECX bit 11). Not in the sanitizer builds (they leave out the row kernels
 // this is for).
 //
-// Included at the end of each file of integer kernels (kernels_cpu.cpp,
-// scores_int_cpu.cpp), after its per-target passes, with KVCAL_AVXVNNI_FILE
+// Included at the end of each file of integer kernels (scores_int_cpu.cpp,
+// values_int_cpu.cpp), after its per-target passes, with KVCAL_AVXVNNI_FILE
 // naming the file; no include guard (each file includes it once). It leaves
 // KVCAL_HAVE_AVXVNNI_KERNELS and KVCAL_HAVE_VNNI512_KERNELS 1 where the
 // passes were compiled, else 0.

@@ -1,9 +1,9 @@
-// Per-target pieces the HEX CPU kernel files share (kernels_cpu.cpp and
-// scores_int_cpu.cpp): vector tags, unrolling and register helpers, the
+// Per-target pieces the HEX CPU kernel files share (kernels_cpu.cpp,
+// scores_int_cpu.cpp, values_int_cpu.cpp): vector tags, unrolling and register helpers, the
 // 3-bit row reads and widenings, and the integer dot products' building
 // blocks. Included by each of those files once per SIMD target (Highway's
-// per-target include guard below) and once more in each VPDPBUSD pass (see
-// avxvnni_pass.h), inside whose namespace KVCAL_KERNEL_NS it defines them.
+// per-target include guard below) and, in the integer kernels' files, once
+// more in each VPDPBUSD pass (see avxvnni_pass.h), inside whose namespace KVCAL_KERNEL_NS it defines them.
 // Templates and inline functions only: each kernel file instantiates what it
 // uses.
 #if defined(KVCAL_RUNTIME_HEX_KERNELS_CPU_INL_H_) == defined(HWY_TARGET_TOGGLE)  // NOLINT(llvm-header-guard)
@@ -34,9 +34,9 @@ HWY_BEFORE_NAMESPACE();
 namespace kvcal::runtime::detail {
 namespace KVCAL_KERNEL_NS {
 #ifdef KVCAL_VNNI512_PASS
-namespace hn = hwy::N_AVX3;  // see kernels_cpu.cpp
+namespace hn = hwy::N_AVX3;  // see avxvnni_pass.h
 #elif defined(KVCAL_AVXVNNI_PASS)
-namespace hn = hwy::N_AVX2;  // see kernels_cpu.cpp
+namespace hn = hwy::N_AVX2;  // see avxvnni_pass.h
 #else
 namespace hn = hwy::HWY_NAMESPACE;
 #endif

@@ -48,6 +48,8 @@ struct Slots {
 // The name of the target the kernels run on now ("AVX3_DL", "AVX2", "SSE4",
 // "NEON", "SVE", "EMU128", ...).
 const char* kernel_target();
+// Its Highway target bit (HWY_AVX3_DL, HWY_AVX2, ...).
+std::int64_t kernel_target_id();
 // VPDPBUSD where Highway's target has none: x86-64 CPUs without AVX-512 but
 // with AVX-VNNI (VEX VPDPBUSD) run the integer code kernels (code_scores_int,
 // code_accumulate_int) on it in place of AVX2's PMADDUBSW, and AVX-512 CPUs

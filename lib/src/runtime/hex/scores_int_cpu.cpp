@@ -1,8 +1,9 @@
 // The HEX integer score kernels (code_scores_int: kernels_cpu.h), compiled
 // once per SIMD target as kernels_cpu.cpp is, and once more in each VPDPBUSD
-// pass (AVX-VNNI, AVX-512 VNNI: avxvnni_pass.h). A file of their own because their unrolled bodies
-// are most of the kernels' compile time (on an AVX-512 target about 60%, the
-// integer value kernels about a third): two files build in parallel.
+// pass (AVX-VNNI, AVX-512 VNNI: avxvnni_pass.h). A file of their own because
+// their unrolled bodies are most of the kernels' compile time (on an AVX-512
+// target about 60%, the integer value kernels, values_int_cpu.cpp, about a
+// third): the files build in parallel.
 #ifndef HWY_WANT_AVX3_DL
 #define HWY_WANT_AVX3_DL 1  // as kernels_cpu.cpp: the same targets in both
 #endif
