@@ -715,25 +715,30 @@ TEST(HexKernels, IntegerCodeKernelsEqualReferenceExactly) {
 }
 
 // The far requests' distance (prefetch.cpp): 8 KiB, 16 KiB for 4-bit codes
-// on AMD family 0x19 with AVX-512 (Zen 4), KVCAL_PREFETCH_FAR's bytes in
-// [0, 1 MiB] instead, anything else in it ignored; and the integer code
-// kernels' results the same at any distance (the requests past the end of
-// the codes, up to a MiB beyond these small buffers, read nothing).
+// on AMD families 0x19 and 0x1a with AVX-512 (Zen 4, Zen 5),
+// KVCAL_PREFETCH_FAR's bytes in [0, 1 MiB] instead, anything else in it
+// ignored; and the integer code kernels' results the same at any distance
+// (the requests past the end of the codes, up to a MiB beyond these small
+// buffers, read nothing).
 TEST(HexKernels, FarRequestDistanceIsChosenPerCpuAndLeavesResultsAlone) {
-  const auto chosen = [](bool amd19, bool avx512, const char* env) {
-    const FarBytes f = choose_prefetch_far(amd19, avx512, env);
+  const auto chosen = [](unsigned amd_family, bool avx512, const char* env) {
+    const FarBytes f = choose_prefetch_far(amd_family, avx512, env);
     return std::pair<i64, i64>(f.bits3, f.bits4);
   };
   using P = std::pair<i64, i64>;
-  EXPECT_EQ(chosen(false, false, nullptr), P(8192, 8192));
-  EXPECT_EQ(chosen(false, true, nullptr), P(8192, 8192));  // Intel with AVX-512
-  EXPECT_EQ(chosen(true, false, nullptr), P(8192, 8192));  // Zen 3
-  EXPECT_EQ(chosen(true, true, nullptr), P(8192, 16384));  // Zen 4
-  EXPECT_EQ(chosen(true, true, "4096"), P(4096, 4096));
-  EXPECT_EQ(chosen(false, false, "0"), P(0, 0));
-  EXPECT_EQ(chosen(false, false, "1048576"), P(1048576, 1048576));
+  EXPECT_EQ(chosen(0, false, nullptr), P(8192, 8192));
+  EXPECT_EQ(chosen(0, true, nullptr), P(8192, 8192));      // Intel with AVX-512
+  EXPECT_EQ(chosen(0x19, false, nullptr), P(8192, 8192));  // Zen 3
+  EXPECT_EQ(chosen(0x19, true, nullptr), P(8192, 16384));  // Zen 4
+  EXPECT_EQ(chosen(0x1a, true, nullptr), P(8192, 16384));  // Zen 5
+  EXPECT_EQ(chosen(0x1a, false, nullptr), P(8192, 8192));  // AVX-512 off (OS or hypervisor)
+  EXPECT_EQ(chosen(0x17, true, nullptr), P(8192, 8192));   // an AMD family not timed
+  EXPECT_EQ(chosen(0x1b, true, nullptr), P(8192, 8192));
+  EXPECT_EQ(chosen(0x19, true, "4096"), P(4096, 4096));
+  EXPECT_EQ(chosen(0, false, "0"), P(0, 0));
+  EXPECT_EQ(chosen(0, false, "1048576"), P(1048576, 1048576));
   for (const char* bad : {"", "1048577", "99999999", "-1", "12k", "8 KiB", " 64", "0x100"})
-    EXPECT_EQ(chosen(true, true, bad), P(8192, 16384)) << "'" << bad << "'";
+    EXPECT_EQ(chosen(0x1a, true, bad), P(8192, 16384)) << "'" << bad << "'";
   EXPECT_EQ(prefetch_far_bytes(2), 0);
 
   struct Restore {

@@ -79,11 +79,12 @@ extern std::int64_t far_bytes_by_bits[5];
 struct FarBytes {
   std::int64_t bits3 = 8192, bits4 = 8192;
 };
-// 8 KiB; 16 KiB for 4-bit codes where the CPU is AMD family 0x19 with
-// AVX-512 (Zen 4). env, the value of KVCAL_PREFETCH_FAR (null: unset), sets
+// 8 KiB; 16 KiB for 4-bit codes where the CPU is AMD family 0x19 or 0x1a
+// with AVX-512 (Zen 4, Zen 5; amd_family: the CPU's family where it is
+// AMD's, 0 otherwise). env, the value of KVCAL_PREFETCH_FAR (null: unset), sets
 // both distances instead where it is a whole number of bytes in [0, 1 MiB]
 // and is ignored otherwise (prefetch_far_bytes tells what is in effect).
-FarBytes choose_prefetch_far(bool amd_family19, bool avx512, const char* env);
+FarBytes choose_prefetch_far(unsigned amd_family, bool avx512, const char* env);
 // The distance in effect for bits-bit codes (0 for other widths).
 std::int64_t prefetch_far_bytes(int bits);
 // Sets both distances (tests, benchmarks; not while kernels run) and returns
