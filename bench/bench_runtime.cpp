@@ -212,8 +212,9 @@ int register_all() {
   // The SIMD target the kernels run on (dispatched at run time).
   kvcal::bench::force_target_from_env();
   benchmark::AddCustomContext("simd_target", rt::simd_target());
-  // How far ahead the integer code kernels request 3- and 4-bit codes.
-  benchmark::AddCustomContext("prefetch_far", std::to_string(rt::prefetch_far_bytes(3)) + " B (3-bit), " +
+  // How far ahead the integer code kernels request 2-, 3- and 4-bit codes.
+  benchmark::AddCustomContext("prefetch_far", std::to_string(rt::prefetch_far_bytes(2)) + " B (2-bit), " +
+                                                  std::to_string(rt::prefetch_far_bytes(3)) + " B (3-bit), " +
                                                   std::to_string(rt::prefetch_far_bytes(4)) + " B (4-bit)");
   for (const char* m : kMethods) {
     if (std::string(m) != "fp16" && std::string(m).find('@') == std::string::npos)

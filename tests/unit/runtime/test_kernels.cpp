@@ -20,6 +20,7 @@
 #include <map>
 #include <random>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -714,32 +715,34 @@ TEST(HexKernels, IntegerCodeKernelsEqualReferenceExactly) {
   });
 }
 
-// The far requests' distance (prefetch.cpp): 8 KiB, 16 KiB for 4-bit codes
-// on AMD families 0x19 and 0x1a with AVX-512 (Zen 4, Zen 5),
-// KVCAL_PREFETCH_FAR's bytes in [0, 1 MiB] instead, anything else in it
-// ignored; and the integer code kernels' results the same at any distance
-// (the requests past the end of the codes, up to a MiB beyond these small
-// buffers, read nothing).
+// The far requests' distance (prefetch.cpp): 8 KiB for 3- and 4-bit codes
+// and none for 2-bit ones; 16 KiB for 4-bit codes on AMD families 0x19 and
+// 0x1a with AVX-512 (Zen 4, Zen 5) and 4 KiB for 2-bit codes on 0x1a with
+// AVX-512; KVCAL_PREFETCH_FAR's bytes in [0, 1 MiB] for all three instead,
+// anything else in it ignored; and the integer code kernels' results the same
+// at any distance (the requests past the end of the codes, up to a MiB beyond
+// these small buffers, read nothing).
 TEST(HexKernels, FarRequestDistanceIsChosenPerCpuAndLeavesResultsAlone) {
+  using T = std::tuple<i64, i64, i64>;  // bits 2, 3, 4
   const auto chosen = [](unsigned amd_family, bool avx512, const char* env) {
     const FarBytes f = choose_prefetch_far(amd_family, avx512, env);
-    return std::pair<i64, i64>(f.bits3, f.bits4);
+    return T(f.bits2, f.bits3, f.bits4);
   };
-  using P = std::pair<i64, i64>;
-  EXPECT_EQ(chosen(0, false, nullptr), P(8192, 8192));
-  EXPECT_EQ(chosen(0, true, nullptr), P(8192, 8192));      // Intel with AVX-512
-  EXPECT_EQ(chosen(0x19, false, nullptr), P(8192, 8192));  // Zen 3
-  EXPECT_EQ(chosen(0x19, true, nullptr), P(8192, 16384));  // Zen 4
-  EXPECT_EQ(chosen(0x1a, true, nullptr), P(8192, 16384));  // Zen 5
-  EXPECT_EQ(chosen(0x1a, false, nullptr), P(8192, 8192));  // AVX-512 off (OS or hypervisor)
-  EXPECT_EQ(chosen(0x17, true, nullptr), P(8192, 8192));   // an AMD family not timed
-  EXPECT_EQ(chosen(0x1b, true, nullptr), P(8192, 8192));
-  EXPECT_EQ(chosen(0x19, true, "4096"), P(4096, 4096));
-  EXPECT_EQ(chosen(0, false, "0"), P(0, 0));
-  EXPECT_EQ(chosen(0, false, "1048576"), P(1048576, 1048576));
+  EXPECT_EQ(chosen(0, false, nullptr), T(0, 8192, 8192));
+  EXPECT_EQ(chosen(0, true, nullptr), T(0, 8192, 8192));         // Intel with AVX-512
+  EXPECT_EQ(chosen(0x19, false, nullptr), T(0, 8192, 8192));     // Zen 3
+  EXPECT_EQ(chosen(0x19, true, nullptr), T(0, 8192, 16384));     // Zen 4
+  EXPECT_EQ(chosen(0x1a, true, nullptr), T(4096, 8192, 16384));  // Zen 5
+  EXPECT_EQ(chosen(0x1a, false, nullptr), T(0, 8192, 8192));     // AVX-512 off (OS or hypervisor)
+  EXPECT_EQ(chosen(0x17, true, nullptr), T(0, 8192, 8192));      // an AMD family not timed
+  EXPECT_EQ(chosen(0x1b, true, nullptr), T(0, 8192, 8192));
+  EXPECT_EQ(chosen(0x19, true, "4096"), T(4096, 4096, 4096));
+  EXPECT_EQ(chosen(0x1a, true, "0"), T(0, 0, 0));
+  EXPECT_EQ(chosen(0, false, "1048576"), T(1048576, 1048576, 1048576));
   for (const char* bad : {"", "1048577", "99999999", "-1", "12k", "8 KiB", " 64", "0x100"})
-    EXPECT_EQ(chosen(0x1a, true, bad), P(8192, 16384)) << "'" << bad << "'";
-  EXPECT_EQ(prefetch_far_bytes(2), 0);
+    EXPECT_EQ(chosen(0x1a, true, bad), T(4096, 8192, 16384)) << "'" << bad << "'";
+  EXPECT_EQ(prefetch_far_bytes(1), 0);
+  EXPECT_EQ(prefetch_far_bytes(5), 0);
 
   struct Restore {
     FarBytes f;
@@ -749,7 +752,7 @@ TEST(HexKernels, FarRequestDistanceIsChosenPerCpuAndLeavesResultsAlone) {
     std::mt19937_64 rng(0x66617231);
     std::uniform_int_distribution<int> byte(0, 255), w8(-127, 127);
     const i64 dim = 128, rows = 96, nq = 4;
-    for (const int bits : {3, 4}) {
+    for (const int bits : {2, 3, 4}) {
       const i64 rb = dim * bits / 8;
       std::vector<std::uint8_t> codes(static_cast<std::size_t>(rows * rb));
       for (auto& c : codes) c = static_cast<std::uint8_t>(byte(rng));
@@ -761,7 +764,7 @@ TEST(HexKernels, FarRequestDistanceIsChosenPerCpuAndLeavesResultsAlone) {
       code_accumulate_int_reference(codes.data(), rows, rb, bits, dim, 1, a.data(), nq, rows, aref.data(), dim);
       for (const i64 far : {i64{0}, i64{64}, i64{8192}, i64{16384}, i64{1} << 20}) {
         SCOPED_TRACE("bits " + std::to_string(bits) + " far " + std::to_string(far));
-        set_prefetch_far(FarBytes{far, far});
+        set_prefetch_far(FarBytes{far, far, far});
         ASSERT_EQ(prefetch_far_bytes(bits), far);
         std::vector<std::int32_t> s(sref.size(), -7), acc(aref.size(), 0);
         code_scores_int(codes.data(), rows, rb, bits, dim, 1, w.data(), nq, dim, s.data(), rows);

@@ -53,10 +53,11 @@ KVCAL_RUNTIME_API void floats_to_halves(const float* in, std::int64_t n, half_bi
 KVCAL_RUNTIME_API std::string simd_target();
 
 // How far ahead, in bytes, the CPU decode's integer kernels request the lines
-// of bits-bit codes still in memory on this host (bits 3 or 4; 0 for other
+// of bits-bit codes still in memory on this host (bits 2, 3 or 4; 0 for other
 // widths and where no such requests are made). Chosen when the library loads:
-// 8 KiB, 16 KiB for 4-bit codes on AMD Zen 4; KVCAL_PREFETCH_FAR=<bytes> in
-// the environment (0 to 1048576, 0: none) sets both widths' distance instead,
+// 8 KiB for 3- and 4-bit codes, none for 2-bit ones; 16 KiB for 4-bit codes on
+// AMD Zen 4 and 5, and 4 KiB for 2-bit codes on Zen 5; KVCAL_PREFETCH_FAR=<bytes> in
+// the environment (0 to 1048576, 0: none) sets every width's distance instead,
 // and a value outside that range or not a number is ignored. For benchmarks
 // and bug reports.
 KVCAL_RUNTIME_API std::int64_t prefetch_far_bytes(int bits);

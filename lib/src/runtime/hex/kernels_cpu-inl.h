@@ -77,18 +77,20 @@ constexpr std::int64_t kPrefetchRows = 48;
 // and requesting 128 to 256 rows ahead into L1 instead made them slower. On
 // the 2-vCPU Zen 4 guest, decode over 32K tokens with one thread: hex4@int8
 // 7-12% less time with a group of 1 and 10-16% less with a group of 4,
-// kcvt4@int8 9-17% less. Not for 2-bit rows: 5-11% more time with one
-// query, nothing gained with four. How far: 8 KiB, and 16 KiB for 4-bit
-// codes on AMD Zen 4, chosen when the library loads (far_bytes_by_bits,
-// prefetch.cpp, where the timings are).
+// kcvt4@int8 9-17% less. 2-bit rows there: 5-11% more time with one query,
+// nothing gained with four (8 KiB ahead); on a Zen 5 guest, 4 KiB ahead took
+// 15-20% off hex2@int8 with four. How far: 8 KiB for 3- and 4-bit rows,
+// 16 KiB for 4-bit codes on AMD Zen 4 and 5, none for 2-bit rows but 4 KiB on
+// Zen 5, chosen when the library loads (far_bytes_by_bits, prefetch.cpp,
+// where the timings are).
 // Requests the lines of [p + far, p + far + n) for kBits-bit rows, far =
 // far_bytes_by_bits[kBits] (0: none), one request per line (past the end of
-// the codes is harmless). For stored 3- and 4-bit rows in memory only: 2-bit
-// rows make none, and 3-bit rows widened into a chunk (kWide3, not an index
-// of far_bytes_by_bits) get theirs from the widening (see WidenedChunks3).
+// the codes is harmless). For stored 2-, 3- and 4-bit rows in memory only:
+// 3-bit rows widened into a chunk (kWide3, not an index of
+// far_bytes_by_bits) get theirs from the widening (see WidenedChunks3).
 template <int kBits>
 HWY_INLINE void PrefetchFar(const std::uint8_t* p, std::int64_t n) {
-  if constexpr (kBits == 3 || kBits == 4) {
+  if constexpr (kBits >= 2 && kBits <= 4) {
     const std::int64_t far = far_bytes_by_bits[kBits];
     if (far > 0)
       for (std::int64_t o = 0; o < n; o += 64) __builtin_prefetch(p + far + o, 0, 1);

@@ -72,23 +72,25 @@ bool set_avx_vnni(bool allow);
 
 // How far ahead of the rows they read, in bytes, the integer code kernels
 // request the lines of kBits-bit rows still in memory (PrefetchFar in
-// kernels_cpu-inl.h), by bits (3 and 4; 2-bit rows make no such requests;
-// 0: none). Chosen once when the library loads (prefetch.cpp):
-// choose_prefetch_far for this CPU and KVCAL_PREFETCH_FAR.
+// kernels_cpu-inl.h), by bits (2, 3 and 4; 0: none). Chosen once when the
+// library loads (prefetch.cpp): choose_prefetch_far for this CPU and
+// KVCAL_PREFETCH_FAR.
 extern std::int64_t far_bytes_by_bits[5];
 struct FarBytes {
-  std::int64_t bits3 = 8192, bits4 = 8192;
+  std::int64_t bits3 = 8192, bits4 = 8192, bits2 = 0;
 };
-// 8 KiB; 16 KiB for 4-bit codes where the CPU is AMD family 0x19 or 0x1a
-// with AVX-512 (Zen 4, Zen 5; amd_family: the CPU's family where it is
-// AMD's, 0 otherwise). env, the value of KVCAL_PREFETCH_FAR (null: unset), sets
-// both distances instead where it is a whole number of bytes in [0, 1 MiB]
-// and is ignored otherwise (prefetch_far_bytes tells what is in effect).
+// 8 KiB for 3- and 4-bit codes, none for 2-bit ones; 16 KiB for 4-bit codes
+// where the CPU is AMD family 0x19 or 0x1a with AVX-512 (Zen 4, Zen 5), and
+// 4 KiB for 2-bit codes on 0x1a with AVX-512 (Zen 5) (amd_family: the CPU's
+// family where it is AMD's, 0 otherwise). env, the value of
+// KVCAL_PREFETCH_FAR (null: unset), sets the three distances instead where
+// it is a whole number of bytes in [0, 1 MiB] and is ignored otherwise
+// (prefetch_far_bytes tells what is in effect).
 FarBytes choose_prefetch_far(unsigned amd_family, bool avx512, const char* env);
 // The distance in effect for bits-bit codes (0 for other widths).
 std::int64_t prefetch_far_bytes(int bits);
-// Sets both distances (tests, benchmarks; not while kernels run) and returns
-// the previous ones.
+// Sets the three distances (tests, benchmarks; not while kernels run) and
+// returns the previous ones.
 FarBytes set_prefetch_far(FarBytes f);
 
 // sum_i a[i] * b[i].

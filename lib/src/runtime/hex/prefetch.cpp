@@ -14,6 +14,14 @@
 // noise either way), while 3-bit codes took 20-39% more time at 16 KiB: the
 // same rule. Zen 3 (family 0x19 without AVX-512) and other AMD families were
 // not timed at 16 KiB and keep 8 KiB.
+//
+// 2-bit codes make no far requests by default: on Zen 4, 8 KiB ahead took
+// 5-11% more time with one query and gained nothing with four. On the Zen 5
+// guest 4 KiB ahead took 15-20% off hex2@int8 with four queries and 4-13%
+// with one (8 KiB: 5-13% and 0-9%; 16 KiB: 0-7% and -6 to +5%; one thread,
+// 3 interleaved rounds, hex4@int8 in the same runs within 0.94-1.06), so
+// Zen 5 with AVX-512 requests 2-bit rows 4 KiB ahead; other CPUs, untimed at
+// that distance, make none.
 #include <cstdlib>
 #include <cstring>
 
@@ -29,6 +37,7 @@ namespace kvcal::runtime::detail {
 FarBytes choose_prefetch_far(unsigned amd_family, bool avx512, const char* env) {
   FarBytes f;
   if ((amd_family == 0x19u || amd_family == 0x1au) && avx512) f.bits4 = 16384;
+  if (amd_family == 0x1au && avx512) f.bits2 = 4096;
   if (env != nullptr && *env != '\0' && std::strlen(env) <= 7) {
     std::int64_t v = 0;
     bool digits = true;
@@ -39,7 +48,7 @@ FarBytes choose_prefetch_far(unsigned amd_family, bool avx512, const char* env) 
       }
       v = 10 * v + (*c - '0');
     }
-    if (digits && v <= (std::int64_t{1} << 20)) f.bits3 = f.bits4 = v;
+    if (digits && v <= (std::int64_t{1} << 20)) f.bits2 = f.bits3 = f.bits4 = v;
   }
   return f;
 }
@@ -78,16 +87,18 @@ std::int64_t far_bytes_by_bits[5] = {0, 0, 0, 8192, 8192};
 namespace {
 [[maybe_unused]] const bool far_bytes_set = [] {
   const FarBytes f = chosen();
+  far_bytes_by_bits[2] = f.bits2;
   far_bytes_by_bits[3] = f.bits3;
   far_bytes_by_bits[4] = f.bits4;
   return true;
 }();
 }  // namespace
 
-std::int64_t prefetch_far_bytes(int bits) { return bits == 3 || bits == 4 ? far_bytes_by_bits[bits] : 0; }
+std::int64_t prefetch_far_bytes(int bits) { return bits >= 2 && bits <= 4 ? far_bytes_by_bits[bits] : 0; }
 
 FarBytes set_prefetch_far(FarBytes f) {
-  const FarBytes old{far_bytes_by_bits[3], far_bytes_by_bits[4]};
+  const FarBytes old{far_bytes_by_bits[3], far_bytes_by_bits[4], far_bytes_by_bits[2]};
+  far_bytes_by_bits[2] = f.bits2;
   far_bytes_by_bits[3] = f.bits3;
   far_bytes_by_bits[4] = f.bits4;
   return old;
