@@ -12,8 +12,10 @@
 //    consecutive blocks of codes, from L2, the L3 or memory (bytes/s: what
 //    the kernel draws by itself).
 //  kernel/key_weights/<group>: a block's key side before its codes are read
-//    (int8): its (delta, min) pairs converted from binary16, key_weights and
-//    quantize_rows for a GQA group.
+//    (int8) for a GQA group, as the decode makes it: key_weights_int8 where
+//    the target has that pass; kernel/key_weights_steps/<group> the three
+//    steps apart (its (delta, min) pairs converted from binary16,
+//    key_weights and quantize_rows), the baseline.
 //  kernel/widen3: a block's 3-bit rows widened to 4 bits, as the integer
 //    kernels read them where they do not widen them in registers (the
 //    int14 path, GQA groups above 1, and targets without the unrolled
@@ -41,6 +43,7 @@
 #include "kvcal/core/half.h"
 #include "runtime/hex/entries_cpu.h"
 #include "runtime/hex/kernels_cpu.h"
+#include "runtime/hex/key_side.h"
 
 namespace {
 
@@ -247,7 +250,11 @@ void quantize(benchmark::State& state, const std::string& dot) {
 // binary16, the code weights, mins, biases and largest weights per query
 // (key_weights), then the weights in fixed point (quantize_rows). items =
 // weights (channels times queries).
-void key_weights(benchmark::State& state) {
+// kernel/key_weights_steps/<group>: the three steps apart, as block_scores
+// makes them where key_weights_int8 does not take the block (the baseline
+// of the fused pass). kernel/key_weights/<group>: as block_scores makes it
+// (the fused pass where the target has one).
+void key_weights_at(benchmark::State& state, bool fused) {
   const std::int64_t nq = state.range(0);
   std::mt19937_64 rng(9);
   std::normal_distribution<float> g(0.0f, 1.0f);
@@ -259,6 +266,13 @@ void key_weights(benchmark::State& state) {
   std::vector<std::int8_t> w8(q.size());
   const d::Slots sl = d::int_slots(4, kDim);
   for (auto _ : state) {
+    if (fused && d::key_weights_int8(params.data(), q.data(), nq, kDim, 0.0884f, sl, w8.data(), ws.data(), kmin.data(),
+                                     bias.data())) {
+      benchmark::DoNotOptimize(w8.data());
+      benchmark::DoNotOptimize(kmin.data());
+      benchmark::DoNotOptimize(bias.data());
+      continue;
+    }
     kvcal::fp16::to_floats(params.data(), 2 * kDim, pf.data());
     d::key_weights(pf.data(), q.data(), nq, kDim, 0.0884f, sl, qd.data(), kmin.data(), bias.data(), amax.data(),
                    tmp.data());
@@ -408,7 +422,8 @@ int register_all() {
     }
   }
   benchmark::RegisterBenchmark("kernel/scores_stream", scores_stream)->ArgsProduct({{1, 32, 512}, {1, 4}});
-  benchmark::RegisterBenchmark("kernel/key_weights", key_weights)->Arg(1)->Arg(4);
+  benchmark::RegisterBenchmark("kernel/key_weights", key_weights_at, true)->Arg(1)->Arg(4);
+  benchmark::RegisterBenchmark("kernel/key_weights_steps", key_weights_at, false)->Arg(1)->Arg(4);
   benchmark::RegisterBenchmark("kernel/scores_rows/int8", scores_rows)->ArgsProduct({{94, 96}, {4, 3}});
   benchmark::RegisterBenchmark("kernel/entry_diffs", entry_diffs)->Arg(128)->Arg(129);
   benchmark::RegisterBenchmark("kernel/run_entries", run_entries, 3)->Arg(1)->Arg(4);

@@ -35,6 +35,7 @@
 #include "kvcal/core/half.h"
 #include "runtime/hex/entries_cpu.h"
 #include "runtime/hex/kernels_cpu.h"
+#include "runtime/hex/key_side.h"
 
 namespace kvcal::runtime::detail {
 namespace {
@@ -479,6 +480,81 @@ TEST(HexKernels, FusedRunKernelsMatchReference) {
                 }
             }
           }
+  });
+}
+
+// The fused key side of the int8 path (key_weights_int8) against its three
+// steps apart (halves_to_floats, key_weights, quantize_rows): the same bytes,
+// scales, mins and biases, bit for bit, on every target that takes the
+// shape; taken on every x86 AVX-512 target for 2- to 4-bit rows of 64, 128
+// and 256 channels. Weights of every magnitude: the zero, tiny (below
+// 2^-100) and huge key groups of QuantizeRow's special cases.
+TEST(HexKernels, FusedKeyWeightsEqualTheirSteps) {
+  on_every_target([] {
+    std::mt19937_64 rng(0x6b657977);
+    std::normal_distribution<float> g(0.0f, 1.0f);
+    const bool avx512 = HWY_ARCH_X86 && kernel_target_id() <= HWY_AVX3;
+    int fused = 0;
+    for (const i64 dim : {8, 64, 96, 128, 130, 256})
+      for (const int bits : {2, 3, 4})
+        for (const i64 nq : {1, 3, 4, 8})
+          for (const int kind : {0, 1, 2, 3}) {  // plain, zero deltas, tiny, huge
+            SCOPED_TRACE("dim " + std::to_string(dim) + " bits " + std::to_string(bits) + " nq " +
+                         std::to_string(nq) + " kind " + std::to_string(kind));
+            const auto n = [](i64 k) { return static_cast<std::size_t>(k); };
+            const Slots sl = int_slots(bits, dim);
+            const i64 qs = dim + 3;
+            std::vector<half_bits> params(n(2 * dim));
+            for (i64 c = 0; c < dim; ++c) {
+              const float delta = kind == 1 ? 0.0f : kind == 2 ? 0x1p-14f * std::fabs(g(rng)) : std::fabs(g(rng));
+              params[n(2 * c)] = float_to_half(kind == 3 ? 60000.0f : delta);
+              params[n(2 * c + 1)] = float_to_half(g(rng));
+            }
+            std::vector<float> q(n(nq * qs));
+            for (auto& x : q) x = kind == 2 ? 0x1p-100f * g(rng) : kind == 3 ? 1e30f * g(rng) : g(rng);
+            const float scale = 0.0884f;
+            // The steps apart.
+            std::vector<float> pf(n(2 * dim)), qd(n(nq * dim)), kmin0(n(dim)), bias0(n(nq)), amax(n(nq)),
+                tmp(n(2 * dim)), ws0(n(nq));
+            std::vector<std::int8_t> w80(n(nq * dim));
+            kvcal::fp16::to_floats(params.data(), 2 * dim, pf.data());
+            key_weights(pf.data(), q.data(), nq, qs, scale, sl, qd.data(), kmin0.data(), bias0.data(), amax.data(),
+                        tmp.data());
+            quantize_rows(1, qd.data(), nq, dim, w80.data(), ws0.data(), amax.data());
+            // Fused, into outputs one element longer, filled with a marker.
+            std::vector<float> kmin(n(dim) + 1, -5.0f), bias(n(nq) + 1, -5.0f), ws(n(nq) + 1, -5.0f);
+            std::vector<std::int8_t> w8(n(nq * dim) + 1, 99);
+            const bool took = key_weights_int8(params.data(), q.data(), nq, qs, scale, sl, w8.data(), ws.data(),
+                                               kmin.data(), bias.data());
+            const bool shape = (dim == 64 || dim == 128 || dim == 256) && (sl.per == 2 || sl.per == 4);
+            ASSERT_EQ(took, avx512 && shape);
+            if (!took) {  // nothing written
+              for (const float x : kmin) {
+                ASSERT_EQ(x, -5.0f);
+              }
+              for (const std::int8_t x : w8) {
+                ASSERT_EQ(x, 99);
+              }
+              continue;
+            }
+            ++fused;
+            for (i64 k = 0; k < nq * dim; ++k) ASSERT_EQ(w8[n(k)], w80[n(k)]) << "weight " << k;
+            for (i64 j = 0; j < nq; ++j) {
+              ASSERT_EQ(std::memcmp(&ws[n(j)], &ws0[n(j)], sizeof(float)), 0) << "scale " << j;
+              ASSERT_EQ(std::memcmp(&bias[n(j)], &bias0[n(j)], sizeof(float)), 0) << "bias " << j;
+            }
+            for (i64 c = 0; c < dim; ++c) ASSERT_EQ(kmin[n(c)], kmin0[n(c)]) << "min " << c;
+            ASSERT_EQ(w8[n(nq * dim)], 99);  // nothing past the outputs
+            ASSERT_EQ(kmin[n(dim)], -5.0f);
+            ASSERT_EQ(bias[n(nq)], -5.0f);
+            ASSERT_EQ(ws[n(nq)], -5.0f);
+            if (kind == 1) {
+              for (i64 j = 0; j < nq; ++j) ASSERT_EQ(ws[n(j)], 0.0f);  // no weights: all zero
+            }
+          }
+    if (avx512) {
+      ASSERT_EQ(fused, 3 * 3 * 4 * 4);  // dims 64, 128, 256, every width, count and kind
+    }
   });
 }
 

@@ -13,6 +13,7 @@
 #include "runtime/hex/block.h"
 #include "runtime/hex/entries_cpu.h"
 #include "runtime/hex/kernels_cpu.h"
+#include "runtime/hex/key_side.h"
 #include "runtime/hex/runs.h"
 
 namespace kvcal::runtime {
@@ -382,19 +383,24 @@ void detail::block_scores(const HexBlockView& b, const float* q, std::int64_t nq
   const std::int32_t* qi = nullptr;  // [nq][quantized row]: the integer sums
   const float* ws = nullptr;         // per query: their scale
   if (nqr > 0) {
-    // The key groups' (delta, min) pairs in one conversion, then split.
-    float* params = Scratch::get(sc.params, 2 * d);
     static_assert(sizeof(QuantParams) == 2 * sizeof(half_bits), "QuantParams is two packed halves");
-    halves_to_floats(reinterpret_cast<const half_bits*>(b.k_params), 2 * d, params);
-    float* amax = Scratch::get(sc.amax, nq);
-    key_weights(params, q, nq, q_stride, scale, sl, qd, kmin, bias, amax, Scratch::get(sc.tmp, 2 * d));
+    const auto* kp = reinterpret_cast<const half_bits*>(b.k_params);
+    const int limbs = cr.int_dot ? dot_limbs(dot) : 0;
+    std::int8_t* w8 = cr.int_dot ? Scratch::get(sc.w8, nq * limbs * d) : nullptr;
+    float* ws_out = cr.int_dot ? Scratch::get(sc.ws, nq) : nullptr;
+    // int8: the key side in one pass where the target has one (the same
+    // bytes and floats as the steps below).
+    if (limbs != 1 || !key_weights_int8(kp, q, nq, q_stride, scale, sl, w8, ws_out, kmin, bias)) {
+      // The key groups' (delta, min) pairs in one conversion, then split.
+      float* params = Scratch::get(sc.params, 2 * d);
+      halves_to_floats(kp, 2 * d, params);
+      float* amax = Scratch::get(sc.amax, nq);
+      key_weights(params, q, nq, q_stride, scale, sl, qd, kmin, bias, amax, Scratch::get(sc.tmp, 2 * d));
+      if (cr.int_dot) quantize_rows(limbs, qd, nq, d, w8, ws_out, amax);
+    }
     if (cr.int_dot) {
       // Fixed-point weights per query, integer dot products, one scaling.
-      const int limbs = dot_limbs(dot);
-      std::int8_t* w8 = Scratch::get(sc.w8, nq * limbs * d);
       std::int32_t* qi_out = Scratch::get(sc.qi, nq * nqr);
-      float* ws_out = Scratch::get(sc.ws, nq);
-      quantize_rows(limbs, qd, nq, d, w8, ws_out, amax);
       if (b.k_tiled)
         code_scores_int_tiles(b.k_codes, nqr, b.row_bytes, b.bits, d, limbs, w8, nq, limbs * d, qi_out, nqr);
       else

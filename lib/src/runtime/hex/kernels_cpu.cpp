@@ -13,6 +13,7 @@
 #define HWY_WANT_AVX3_DL 1
 #endif
 #include "runtime/hex/kernels_cpu.h"
+#include "runtime/hex/key_side.h"
 
 #include <algorithm>
 #include <cassert>
@@ -1188,6 +1189,129 @@ void QuantizeRows(int limbs, const float* w, std::int64_t rows, std::int64_t n, 
   }
 }
 
+#if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3
+// key_weights_int8 (key_side.h) for kV vectors of 16 channels and kPer
+// phases: the operations of ToFloats, KeyWeights and QuantizeRow<1>, lane for
+// lane and in the same order (the bias one fused multiply-add chain over the
+// channel vectors, then SumOfLanes), so the same floats and bytes; but the
+// (delta, min) pairs, the products and the slot vectors stay in registers
+// from the halves to the int8 weights. The three steps apart (three calls,
+// the products stored and read back deinterleaved, then again to quantize)
+// took 103 ns for a group of four queries (bench_kernels key_weights/4),
+// each query's bias and maximum a latency chain behind the one before.
+template <int kV, int kPer>
+HWY_INLINE void KeyWeightsInt8V(const half_bits* HWY_RESTRICT params, const float* HWY_RESTRICT q, std::int64_t nq,
+                                std::int64_t q_stride, float scale, std::int8_t* HWY_RESTRICT w8,
+                                float* HWY_RESTRICT ws, float* HWY_RESTRICT kmin, float* HWY_RESTRICT bias) {
+  static_assert(kV % 4 == 0 && (kPer == 2 || kPer == 4), "whole groups of 64 weights, 2 or 4 phases");
+  constexpr int kDim = 16 * kV;
+  const DF df;
+  using V = hn::Vec<DF>;
+  alignas(64) static constexpr std::int32_t kEven[16] = {0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30};
+  alignas(64) static constexpr std::int32_t kOdd[16] = {1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31};
+  const __m512i even = _mm512_load_si512(kEven), odd = _mm512_load_si512(kOdd);
+  const auto evens = [&](V a, V b) { return V{_mm512_permutex2var_ps(a.raw, even, b.raw)}; };
+  const auto odds = [&](V a, V b) { return V{_mm512_permutex2var_ps(a.raw, odd, b.raw)}; };
+  const hn::Rebind<hwy::float16_t, DF> dh;
+  V dl[kV], mn[kV];
+  for (int v = 0; v < kV; ++v) {  // 16 channels' (delta, min) pairs per 64 bytes
+    const auto* h = reinterpret_cast<const hwy::float16_t*>(params + 32 * v);
+    const V a = hn::PromoteTo(df, hn::LoadU(dh, h)), b = hn::PromoteTo(df, hn::LoadU(dh, h + 16));
+    dl[v] = evens(a, b);
+    mn[v] = odds(a, b);
+    hn::StoreU(mn[v], df, kmin + 16 * v);
+  }
+  const auto sv = hn::Set(df, scale);
+  const __m512i order16 = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
+  for (std::int64_t j = 0; j < nq; ++j) {
+    const float* qj = q + j * q_stride;
+    V w[kV];
+    auto bv = hn::Zero(df), mv = bv;
+    for (int v = 0; v < kV; ++v) {
+      const auto qs = hn::Mul(sv, hn::LoadU(df, qj + 16 * v));
+      bv = hn::MulAdd(qs, mn[v], bv);
+      w[v] = hn::Mul(qs, dl[v]);
+      mv = hn::Max(mv, hn::Abs(w[v]));
+    }
+    bias[j] = hn::GetLane(hn::SumOfLanes(df, bv));
+    const float m = hn::GetLane(hn::MaxOfLanes(df, mv));
+    std::int8_t* out = w8 + j * kDim;
+    if (!(m > 0.0f)) {
+      std::memset(out, 0, kDim);
+      ws[j] = 0.0f;
+      continue;
+    }
+    const bool tiny = m < 0x1p-100f;  // as QuantizeRow
+    const float pre = tiny ? 0x1p64f : 1.0f;
+    const float inv = 127.0f / (tiny ? m * pre : m);
+    // Slot vector u: slots [16u, 16u + 16), phase-major (Slots::slot).
+    V s[kV];
+    if constexpr (kPer == 2) {
+      for (int u = 0; u < kV / 2; ++u) {
+        s[u] = evens(w[2 * u], w[2 * u + 1]);
+        s[kV / 2 + u] = odds(w[2 * u], w[2 * u + 1]);
+      }
+    } else {  // channels 4i + k: the even and odd halves of the even and odd ones
+      V e[kV / 2], o[kV / 2];
+      for (int u = 0; u < kV / 2; ++u) {
+        e[u] = evens(w[2 * u], w[2 * u + 1]);
+        o[u] = odds(w[2 * u], w[2 * u + 1]);
+      }
+      for (int u = 0; u < kV / 4; ++u) {
+        s[u] = evens(e[2 * u], e[2 * u + 1]);               // k = 0
+        s[kV / 4 + u] = evens(o[2 * u], o[2 * u + 1]);      // k = 1
+        s[kV / 2 + u] = odds(e[2 * u], e[2 * u + 1]);       // k = 2
+        s[3 * kV / 4 + u] = odds(o[2 * u], o[2 * u + 1]);  // k = 3
+      }
+    }
+    const __m512 iv16 = _mm512_set1_ps(inv), pre16 = _mm512_set1_ps(pre);
+    const auto at = [&](int k) {
+      __m512 x = s[k].raw;
+      if (tiny) x = _mm512_mul_ps(x, pre16);
+      return _mm512_cvtps_epi32(_mm512_mul_ps(x, iv16));
+    };
+    for (int g = 0; g < kV / 4; ++g) {  // as QuantizeRow's 64 weights a step
+      const __m512i ab = _mm512_packs_epi32(at(4 * g), at(4 * g + 1)),
+                    cd = _mm512_packs_epi32(at(4 * g + 2), at(4 * g + 3));
+      _mm512_storeu_si512(out + 64 * g, _mm512_permutexvar_epi32(order16, _mm512_packs_epi16(ab, cd)));
+    }
+    ws[j] = m / 127.0f;
+  }
+}
+#endif
+
+// key_weights_int8 (key_side.h); false where this target or shape has no
+// fused pass.
+bool KeyWeightsInt8(const half_bits* params, const float* q, std::int64_t nq, std::int64_t q_stride, float scale,
+                    std::int64_t per, std::int64_t run, std::int8_t* w8, float* ws, float* kmin, float* bias) {
+#if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3
+  const auto go = [&](auto v, auto p) {
+    KeyWeightsInt8V<decltype(v)::value, decltype(p)::value>(params, q, nq, q_stride, scale, w8, ws, kmin, bias);
+    return true;
+  };
+  using P2 = std::integral_constant<int, 2>;
+  using P4 = std::integral_constant<int, 4>;
+  const std::int64_t dim = per * run;
+  if (per == 2 || per == 4) {
+    const bool two = per == 2;
+    switch (dim) {
+      case 64:
+        return two ? go(std::integral_constant<int, 4>(), P2()) : go(std::integral_constant<int, 4>(), P4());
+      case 128:
+        return two ? go(std::integral_constant<int, 8>(), P2()) : go(std::integral_constant<int, 8>(), P4());
+      case 256:
+        return two ? go(std::integral_constant<int, 16>(), P2()) : go(std::integral_constant<int, 16>(), P4());
+      default:
+        break;
+    }
+  }
+#else
+  (void)params, (void)q, (void)nq, (void)q_stride, (void)scale, (void)per, (void)run, (void)w8, (void)ws, (void)kmin,
+      (void)bias;
+#endif
+  return false;
+}
+
 const char* TargetName() { return hwy::TargetName(HWY_TARGET); }
 std::int64_t TargetId() { return HWY_TARGET; }
 
@@ -1213,6 +1337,7 @@ HWY_EXPORT(QuantizeRows);
 HWY_EXPORT(AddSlots);
 HWY_EXPORT(AxpyInt);
 HWY_EXPORT(KeyWeights);
+HWY_EXPORT(KeyWeightsInt8);
 
 namespace {
 // A row of floats per thread for the kernels that convert or unpack a row
@@ -1271,6 +1396,10 @@ void axpy_int(float w, const std::int32_t* x, float* y, std::int64_t n) { HWY_DY
 void key_weights(const float* params, const float* q, std::int64_t nq, std::int64_t q_stride, float scale,
                  const Slots& sl, float* qd, float* kmin, float* bias, float* amax, float* tmp) {
   HWY_DYNAMIC_DISPATCH(KeyWeights)(params, q, nq, q_stride, scale, sl.per, sl.run, qd, kmin, bias, amax, tmp);
+}
+bool key_weights_int8(const half_bits* params, const float* q, std::int64_t nq, std::int64_t q_stride, float scale,
+                      const Slots& sl, std::int8_t* w8, float* ws, float* kmin, float* bias) {
+  return HWY_DYNAMIC_DISPATCH(KeyWeightsInt8)(params, q, nq, q_stride, scale, sl.per, sl.run, w8, ws, kmin, bias);
 }
 bool int_dot_layout(int bits, std::int64_t dim) {
   if (bits == 3) return dim % 8 == 0 && dim / 2 <= kIntWide3Bytes && int_dot_layout(4, dim);
