@@ -1280,6 +1280,65 @@ HWY_INLINE void KeyWeightsInt8V(const half_bits* HWY_RESTRICT params, const floa
 }
 #endif
 
+#if !HWY_HAVE_SCALABLE && HWY_TARGET != HWY_SCALAR
+// The widest block KeyWeightsInt8Lanes takes (its buffers on the stack).
+constexpr std::int64_t kFusedKeyDim = 256;
+
+// key_weights_int8 on the other fixed-size targets (and AVX-512's other
+// widths): KeyWeights' vector path and QuantizeRow<1> per query in one call,
+// with their operations (the same bytes and floats), from the halves on; the
+// products go through two small buffers (channel order, then slot order)
+// instead of the three steps' dispatched calls and passes over the group.
+// run % Lanes == 0, dim <= kFusedKeyDim.
+template <int kPer>
+HWY_INLINE void KeyWeightsInt8Lanes(const half_bits* HWY_RESTRICT params, const float* HWY_RESTRICT q,
+                                    std::int64_t nq, std::int64_t q_stride, float scale, std::int64_t run,
+                                    std::int8_t* HWY_RESTRICT w8, float* HWY_RESTRICT ws, float* HWY_RESTRICT kmin,
+                                    float* HWY_RESTRICT bias) {
+  const DF df;
+  const hn::Rebind<hwy::float16_t, DF> dh;
+  const auto N = static_cast<std::int64_t>(hn::Lanes(df));
+  const std::int64_t dim = kPer * run;
+  HWY_ALIGN float delta[kFusedKeyDim], prod[kFusedKeyDim], slots[kFusedKeyDim];
+  const auto* h = reinterpret_cast<const hwy::float16_t*>(params);
+  for (std::int64_t c = 0; c < dim; c += N) {  // channels c .. c + N - 1: 2N halves, (delta, min) pairs
+    const auto a = hn::PromoteTo(df, hn::LoadU(dh, h + 2 * c)), b = hn::PromoteTo(df, hn::LoadU(dh, h + 2 * c + N));
+    hn::Store(hn::ConcatEven(df, b, a), df, delta + c);
+    hn::StoreU(hn::ConcatOdd(df, b, a), df, kmin + c);
+  }
+  const auto sv = hn::Set(df, scale);
+  for (std::int64_t j = 0; j < nq; ++j) {
+    const float* qj = q + j * q_stride;
+    auto bv = hn::Zero(df), mv = bv;
+    for (std::int64_t c = 0; c < dim; c += N) {
+      const auto qs = hn::Mul(sv, hn::LoadU(df, qj + c));
+      bv = hn::MulAdd(qs, hn::LoadU(df, kmin + c), bv);
+      const auto w = hn::Mul(qs, hn::Load(df, delta + c));
+      mv = hn::Max(mv, hn::Abs(w));
+      hn::Store(w, df, prod + c);
+    }
+    bias[j] = hn::GetLane(hn::SumOfLanes(df, bv));
+    const float m = hn::GetLane(hn::MaxOfLanes(df, mv));
+    for (std::int64_t i = 0; i < run; i += N) {
+      if constexpr (kPer == 2) {
+        hn::Vec<DF> e, o;
+        hn::LoadInterleaved2(df, prod + 2 * i, e, o);
+        hn::Store(e, df, slots + i);
+        hn::Store(o, df, slots + run + i);
+      } else {
+        hn::Vec<DF> p0, p1, p2, p3;
+        hn::LoadInterleaved4(df, prod + 4 * i, p0, p1, p2, p3);
+        hn::Store(p0, df, slots + i);
+        hn::Store(p1, df, slots + run + i);
+        hn::Store(p2, df, slots + 2 * run + i);
+        hn::Store(p3, df, slots + 3 * run + i);
+      }
+    }
+    ws[j] = QuantizeRow<1>(slots, dim, w8 + j * dim, m);
+  }
+}
+#endif
+
 // key_weights_int8 (key_side.h); false where this target or shape has no
 // fused pass.
 bool KeyWeightsInt8(const half_bits* params, const float* q, std::int64_t nq, std::int64_t q_stride, float scale,
@@ -1304,6 +1363,15 @@ bool KeyWeightsInt8(const half_bits* params, const float* q, std::int64_t nq, st
       default:
         break;
     }
+  }
+#endif
+#if !HWY_HAVE_SCALABLE && HWY_TARGET != HWY_SCALAR
+  if ((per == 2 || per == 4) && per * run <= kFusedKeyDim && run % static_cast<std::int64_t>(hn::Lanes(DF())) == 0) {
+    if (per == 2)
+      KeyWeightsInt8Lanes<2>(params, q, nq, q_stride, scale, run, w8, ws, kmin, bias);
+    else
+      KeyWeightsInt8Lanes<4>(params, q, nq, q_stride, scale, run, w8, ws, kmin, bias);
+    return true;
   }
 #else
   (void)params, (void)q, (void)nq, (void)q_stride, (void)scale, (void)per, (void)run, (void)w8, (void)ws, (void)kmin,

@@ -17,11 +17,13 @@ namespace kvcal::runtime::detail {
 //   w8[j * dim + s], ws[j]  the int8 code weights in slot order and their
 //                           scale (quantize_rows of scale * q_j[c] * delta_c),
 //   kmin[c] = min_c,  bias[j] = sum_c scale * q_j[c] * min_c.
-// The weights stay in registers from the products to the bytes. Returns
-// false, having written nothing, where the target has no such pass or the
-// shape is not one it takes (sl.per 2 or 4, that is 2- to 4-bit rows in
-// int_slots order, and dim 64, 128 or 256); the caller then makes the three
-// steps itself.
+// On AVX-512 with dim 64, 128 or 256 the weights stay in registers from the
+// products to the bytes; elsewhere the three steps run in one call. Returns
+// false, having written nothing, where the shape is not one it takes (sl.per
+// 2 or 4, that is 2- to 4-bit rows in int_slots order; dim up to 256 and
+// sl.run a multiple of the target's float lanes) or the target has no such
+// pass (scalable vectors, the scalar target); the caller then makes the
+// three steps itself.
 bool key_weights_int8(const half_bits* params, const float* q, std::int64_t nq, std::int64_t q_stride, float scale,
                       const Slots& sl, std::int8_t* w8, float* ws, float* kmin, float* bias);
 
