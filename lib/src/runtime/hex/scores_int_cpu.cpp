@@ -672,6 +672,14 @@ void TileScores(const std::uint8_t* codes, std::int64_t rows, std::int64_t row_b
       std::int32_t* oj = out + j * out_stride;
       const auto both = [&](auto bits_c) {
         constexpr int kBits = decltype(bits_c)::value;
+        // The last tile's lines into L1 before the whole tiles: the tiles'
+        // near requests reach past the block's codes, not back to the
+        // block's own last tile, which otherwise waited on them. hex4@int8
+        // decode over 32K tokens, one thread, Zen 5, 7 interleaved rounds:
+        // 2-16% less time with one query in 6 (2% more in one), hex2@int8
+        // 3-12% less in all 7; a group of 4 within 0.96-1.02.
+        if (j == 0)
+          for (std::int64_t o = at * row_bytes; o < rows * row_bytes; o += 64) __builtin_prefetch(codes + o, 0, 3);
         if (tiles > 0)
           ScoresIntTiles<kBits, kQ, kL>(d8, codes, tiles, row_bytes, run, dim, wj, w8_stride, oj, out_stride);
         if (rows > at)
