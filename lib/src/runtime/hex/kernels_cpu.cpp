@@ -976,6 +976,31 @@ void AxpyInt(float w, const std::int32_t* HWY_RESTRICT x, float* HWY_RESTRICT y,
   for (std::int64_t i = 0; i < n; ++i) y[i] += w * static_cast<float>(x[i]);
 }
 
+#if !HWY_HAVE_SCALABLE && HWY_TARGET != HWY_SCALAR
+// Slots [i, i + Lanes) of each of the kPer phases from products in channel
+// order: out[k * run + i + x] = prod[(i + x) * kPer + k] (one deinterleaving
+// load per vector).
+template <int kPer>
+HWY_INLINE void ChannelsToSlots(const float* HWY_RESTRICT prod, std::int64_t run, std::int64_t i,
+                                float* HWY_RESTRICT out) {
+  const DF df;
+  if constexpr (kPer == 2) {
+    hn::Vec<DF> e, o;
+    hn::LoadInterleaved2(df, prod + 2 * i, e, o);
+    hn::StoreU(e, df, out + i);
+    hn::StoreU(o, df, out + run + i);
+  } else {
+    static_assert(kPer == 4, "two or four phases");
+    hn::Vec<DF> p0, p1, p2, p3;
+    hn::LoadInterleaved4(df, prod + 4 * i, p0, p1, p2, p3);
+    hn::StoreU(p0, df, out + i);
+    hn::StoreU(p1, df, out + run + i);
+    hn::StoreU(p2, df, out + 2 * run + i);
+    hn::StoreU(p3, df, out + 3 * run + i);
+  }
+}
+#endif
+
 // The key side of a block (see kernels_cpu.h: key_weights). Channel-order
 // products first, in vectors, then the slot order: for two and four phases
 // one deinterleaving load per vector, else a scalar permutation.
@@ -1029,21 +1054,9 @@ void KeyWeights(const float* params, const float* q, std::int64_t nq, std::int64
     std::int64_t i = 0;
 #if !HWY_HAVE_SCALABLE && HWY_TARGET != HWY_SCALAR
     if (per == 2) {
-      for (; i + N <= run; i += N) {
-        hn::Vec<DF> e, o;
-        hn::LoadInterleaved2(df, prod + 2 * i, e, o);
-        hn::StoreU(e, df, qdj + i);
-        hn::StoreU(o, df, qdj + run + i);
-      }
+      for (; i + N <= run; i += N) ChannelsToSlots<2>(prod, run, i, qdj);
     } else if (per == 4) {
-      for (; i + N <= run; i += N) {
-        hn::Vec<DF> p0, p1, p2, p3;
-        hn::LoadInterleaved4(df, prod + 4 * i, p0, p1, p2, p3);
-        hn::StoreU(p0, df, qdj + i);
-        hn::StoreU(p1, df, qdj + run + i);
-        hn::StoreU(p2, df, qdj + 2 * run + i);
-        hn::StoreU(p3, df, qdj + 3 * run + i);
-      }
+      for (; i + N <= run; i += N) ChannelsToSlots<4>(prod, run, i, qdj);
     }
 #endif
     for (; i < run; ++i)
@@ -1319,21 +1332,7 @@ HWY_INLINE void KeyWeightsInt8Lanes(const half_bits* HWY_RESTRICT params, const 
     }
     bias[j] = hn::GetLane(hn::SumOfLanes(df, bv));
     const float m = hn::GetLane(hn::MaxOfLanes(df, mv));
-    for (std::int64_t i = 0; i < run; i += N) {
-      if constexpr (kPer == 2) {
-        hn::Vec<DF> e, o;
-        hn::LoadInterleaved2(df, prod + 2 * i, e, o);
-        hn::Store(e, df, slots + i);
-        hn::Store(o, df, slots + run + i);
-      } else {
-        hn::Vec<DF> p0, p1, p2, p3;
-        hn::LoadInterleaved4(df, prod + 4 * i, p0, p1, p2, p3);
-        hn::Store(p0, df, slots + i);
-        hn::Store(p1, df, slots + run + i);
-        hn::Store(p2, df, slots + 2 * run + i);
-        hn::Store(p3, df, slots + 3 * run + i);
-      }
-    }
+    for (std::int64_t i = 0; i < run; i += N) ChannelsToSlots<kPer>(prod, run, i, slots);
     ws[j] = QuantizeRow<1>(slots, dim, w8 + j * dim, m);
   }
 }
