@@ -494,15 +494,15 @@ TEST(HexKernels, FusedKeyWeightsEqualTheirSteps) {
     std::mt19937_64 rng(0x6b657977);
     std::normal_distribution<float> g(0.0f, 1.0f);
     const std::int64_t target = kernel_target_id();
-    const bool fixed = target != HWY_SCALAR &&
-                       (target & (HWY_SVE | HWY_SVE2 | HWY_SVE_256 | HWY_SVE2_128 | HWY_RVV)) == 0;
+    const bool fixed =
+        target != HWY_SCALAR && (target & (HWY_SVE | HWY_SVE2 | HWY_SVE_256 | HWY_SVE2_128 | HWY_RVV)) == 0;
     int fused = 0;
     for (const i64 dim : {8, 64, 96, 128, 130, 256})
       for (const int bits : {2, 3, 4})
         for (const i64 nq : {1, 3, 4, 8})
           for (const int kind : {0, 1, 2, 3}) {  // plain, zero deltas, tiny, huge
-            SCOPED_TRACE("dim " + std::to_string(dim) + " bits " + std::to_string(bits) + " nq " +
-                         std::to_string(nq) + " kind " + std::to_string(kind));
+            SCOPED_TRACE("dim " + std::to_string(dim) + " bits " + std::to_string(bits) + " nq " + std::to_string(nq) +
+                         " kind " + std::to_string(kind));
             const auto n = [](i64 k) { return static_cast<std::size_t>(k); };
             const Slots sl = int_slots(bits, dim);
             const i64 qs = dim + 3;

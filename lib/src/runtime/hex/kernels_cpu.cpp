@@ -1271,9 +1271,9 @@ HWY_INLINE void KeyWeightsInt8V(const half_bits* HWY_RESTRICT params, const floa
         o[u] = odds(w[2 * u], w[2 * u + 1]);
       }
       for (int u = 0; u < kV / 4; ++u) {
-        s[u] = evens(e[2 * u], e[2 * u + 1]);               // k = 0
-        s[kV / 4 + u] = evens(o[2 * u], o[2 * u + 1]);      // k = 1
-        s[kV / 2 + u] = odds(e[2 * u], e[2 * u + 1]);       // k = 2
+        s[u] = evens(e[2 * u], e[2 * u + 1]);              // k = 0
+        s[kV / 4 + u] = evens(o[2 * u], o[2 * u + 1]);     // k = 1
+        s[kV / 2 + u] = odds(e[2 * u], e[2 * u + 1]);      // k = 2
         s[3 * kV / 4 + u] = odds(o[2 * u], o[2 * u + 1]);  // k = 3
       }
     }
@@ -1304,10 +1304,9 @@ constexpr std::int64_t kFusedKeyDim = 256;
 // instead of the three steps' dispatched calls and passes over the group.
 // run % Lanes == 0, dim <= kFusedKeyDim.
 template <int kPer>
-HWY_INLINE void KeyWeightsInt8Lanes(const half_bits* HWY_RESTRICT params, const float* HWY_RESTRICT q,
-                                    std::int64_t nq, std::int64_t q_stride, float scale, std::int64_t run,
-                                    std::int8_t* HWY_RESTRICT w8, float* HWY_RESTRICT ws, float* HWY_RESTRICT kmin,
-                                    float* HWY_RESTRICT bias) {
+HWY_INLINE void KeyWeightsInt8Lanes(const half_bits* HWY_RESTRICT params, const float* HWY_RESTRICT q, std::int64_t nq,
+                                    std::int64_t q_stride, float scale, std::int64_t run, std::int8_t* HWY_RESTRICT w8,
+                                    float* HWY_RESTRICT ws, float* HWY_RESTRICT kmin, float* HWY_RESTRICT bias) {
   const DF df;
   const hn::Rebind<hwy::float16_t, DF> dh;
   const auto N = static_cast<std::int64_t>(hn::Lanes(df));
