@@ -977,6 +977,30 @@ void AxpyInt(float w, const std::int32_t* HWY_RESTRICT x, float* HWY_RESTRICT y,
 }
 
 #if !HWY_HAVE_SCALABLE && HWY_TARGET != HWY_SCALAR
+// A query's code weights over the whole vectors of [0, dim), in channel
+// order: prod[c] = scale q[c] delta[c]; b = sum_c scale q[c] min[c] (one
+// fused multiply-add chain per lane, then SumOfLanes), m = max_c |prod[c]|.
+// Returns where the vectors stop (the rest, if any, is the caller's).
+HWY_INLINE std::int64_t QueryProducts(const float* HWY_RESTRICT qj, const float* HWY_RESTRICT delta,
+                                      const float* HWY_RESTRICT kmin, float scale, std::int64_t dim,
+                                      float* HWY_RESTRICT prod, float& b, float& m) {
+  const DF df;
+  const auto N = static_cast<std::int64_t>(hn::Lanes(df));
+  const auto sv = hn::Set(df, scale);
+  auto bv = hn::Zero(df), mv = bv;
+  std::int64_t c = 0;
+  for (; c + N <= dim; c += N) {
+    const auto qs = hn::Mul(sv, hn::LoadU(df, qj + c));
+    bv = hn::MulAdd(qs, hn::LoadU(df, kmin + c), bv);
+    const auto w = hn::Mul(qs, hn::LoadU(df, delta + c));
+    mv = hn::Max(mv, hn::Abs(w));
+    hn::StoreU(w, df, prod + c);
+  }
+  b = hn::GetLane(hn::SumOfLanes(df, bv));
+  m = hn::GetLane(hn::MaxOfLanes(df, mv));
+  return c;
+}
+
 // Slots [i, i + Lanes) of each of the kPer phases from products in channel
 // order: out[k * run + i + x] = prod[(i + x) * kPer + k] (one deinterleaving
 // load per vector).
@@ -1030,18 +1054,7 @@ void KeyWeights(const float* params, const float* q, std::int64_t nq, std::int64
     std::int64_t c = 0;
     float b = 0, m = 0;
 #if !HWY_HAVE_SCALABLE && HWY_TARGET != HWY_SCALAR
-    const auto sv = hn::Set(df, scale);
-    auto bv = hn::Zero(df), mv = bv;
-    for (; c + N <= dim; c += N) {
-      const auto qs = hn::Mul(sv, hn::LoadU(df, qj + c));
-      const auto mn = hn::LoadU(df, kmin + c);
-      bv = hn::MulAdd(qs, mn, bv);
-      const auto w = hn::Mul(qs, hn::LoadU(df, tmp + c));
-      mv = hn::Max(mv, hn::Abs(w));
-      hn::StoreU(w, df, prod + c);
-    }
-    b = hn::GetLane(hn::SumOfLanes(df, bv));
-    m = hn::GetLane(hn::MaxOfLanes(df, mv));
+    c = QueryProducts(qj, tmp, kmin, scale, dim, prod, b, m);
 #endif
     for (; c < dim; ++c) {
       const float qs = scale * qj[c];
@@ -1087,6 +1100,35 @@ HWY_INLINE float MaxAbs(const float* w, std::int64_t n) {
   return m;
 }
 
+// How QuantizeRow scales weights of largest magnitude m > 0 to levels L:
+// v = round(w * pre * inv). Below 2^-100 (subnormal weights, say) L / m would
+// overflow: the weights are scaled by 2^64 first, exactly, and v stays the
+// same.
+struct RoundingScale {
+  bool tiny;
+  float pre, inv;
+  RoundingScale(float m, int levels)
+      : tiny(m < 0x1p-100f), pre(tiny ? 0x1p64f : 1.0f), inv(static_cast<float>(levels) / (tiny ? m * pre : m)) {}
+};
+
+#if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3
+// 64 weights, a to d in order, to int8 at the scale rs (levels 127): rounded
+// by CVTPS2DQ (to nearest even), packed with saturation that never happens
+// (|w| inv <= 127 (1 + 2^-24)^2 rounds to at most 127); the packs leave
+// 128-bit lane k holding dwords a_k b_k c_k d_k, which one permutation puts
+// in order.
+HWY_INLINE __m512i RoundPack64(const RoundingScale& rs, __m512 a, __m512 b, __m512 c, __m512 d) {
+  const __m512 iv16 = _mm512_set1_ps(rs.inv), pre16 = _mm512_set1_ps(rs.pre);
+  const auto round = [&](__m512 x) {
+    if (rs.tiny) x = _mm512_mul_ps(x, pre16);
+    return _mm512_cvtps_epi32(_mm512_mul_ps(x, iv16));
+  };
+  const __m512i order16 = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
+  const __m512i ab = _mm512_packs_epi32(round(a), round(b)), cd = _mm512_packs_epi32(round(c), round(d));
+  return _mm512_permutexvar_epi32(order16, _mm512_packs_epi16(ab, cd));
+}
+#endif
+
 // Fixed point of n weights (see quantize_weights8 and quantize_weights14):
 // v = round(w * L / max|w|), L = 127 (kL = 1, out holds v) or 8191 (kL = 2,
 // out holds hi = floor(v / 128), then lo = v - 128 hi). NearestInt rounds
@@ -1104,11 +1146,9 @@ HWY_INLINE float QuantizeRow(const float* w, std::int64_t n, std::int8_t* out, f
     std::fill(out, out + kL * n, std::int8_t{0});
     return 0.0f;
   }
-  // Below 2^-100 (subnormal weights, say) L / max|w| would overflow: the
-  // weights are scaled by 2^64 first, exactly, and v stays the same.
-  const bool tiny = m < 0x1p-100f;
-  const float pre = tiny ? 0x1p64f : 1.0f;
-  const float inv = static_cast<float>(kLevels) / (tiny ? m * pre : m);
+  const RoundingScale rs(m, kLevels);
+  const bool tiny = rs.tiny;
+  const float pre = rs.pre, inv = rs.inv;
   std::int64_t i = 0;
 #if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX2
   // |w| inv <= L (1 + 2^-24)^2 rounds to at most L = 127, so no clamp is
@@ -1127,20 +1167,9 @@ HWY_INLINE float QuantizeRow(const float* w, std::int64_t n, std::int8_t* out, f
     // hex4@int8, two threads, 5 interleaved rounds: 1-4% less time with a
     // group of 4 in four rounds (2% more in one); with one query, from 2%
     // more to 1% less.
-    {
-      const __m512 iv16 = _mm512_set1_ps(inv), pre16 = _mm512_set1_ps(pre);
-      const __m512i order16 = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
-      const auto at16 = [&](std::int64_t k) {
-        __m512 x = _mm512_loadu_ps(w + k);
-        if (tiny) x = _mm512_mul_ps(x, pre16);
-        return _mm512_cvtps_epi32(_mm512_mul_ps(x, iv16));
-      };
-      for (; i + 64 <= n; i += 64) {
-        const __m512i ab = _mm512_packs_epi32(at16(i), at16(i + 16)),
-                      cd = _mm512_packs_epi32(at16(i + 32), at16(i + 48));
-        _mm512_storeu_si512(out + i, _mm512_permutexvar_epi32(order16, _mm512_packs_epi16(ab, cd)));
-      }
-    }
+    for (; i + 64 <= n; i += 64)
+      _mm512_storeu_si512(out + i, RoundPack64(rs, _mm512_loadu_ps(w + i), _mm512_loadu_ps(w + i + 16),
+                                               _mm512_loadu_ps(w + i + 32), _mm512_loadu_ps(w + i + 48)));
 #endif
     const __m256 iv8 = _mm256_set1_ps(inv), pre8 = _mm256_set1_ps(pre);
     const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
@@ -1235,7 +1264,6 @@ HWY_INLINE void KeyWeightsInt8V(const half_bits* HWY_RESTRICT params, const floa
     hn::StoreU(mn[v], df, kmin + 16 * v);
   }
   const auto sv = hn::Set(df, scale);
-  const __m512i order16 = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
   for (std::int64_t j = 0; j < nq; ++j) {
     const float* qj = q + j * q_stride;
     V w[kV];
@@ -1254,9 +1282,6 @@ HWY_INLINE void KeyWeightsInt8V(const half_bits* HWY_RESTRICT params, const floa
       ws[j] = 0.0f;
       continue;
     }
-    const bool tiny = m < 0x1p-100f;  // as QuantizeRow
-    const float pre = tiny ? 0x1p64f : 1.0f;
-    const float inv = 127.0f / (tiny ? m * pre : m);
     // Slot vector u: slots [16u, 16u + 16), phase-major (Slots::slot).
     V s[kV];
     if constexpr (kPer == 2) {
@@ -1277,17 +1302,10 @@ HWY_INLINE void KeyWeightsInt8V(const half_bits* HWY_RESTRICT params, const floa
         s[3 * kV / 4 + u] = odds(o[2 * u], o[2 * u + 1]);  // k = 3
       }
     }
-    const __m512 iv16 = _mm512_set1_ps(inv), pre16 = _mm512_set1_ps(pre);
-    const auto at = [&](int k) {
-      __m512 x = s[k].raw;
-      if (tiny) x = _mm512_mul_ps(x, pre16);
-      return _mm512_cvtps_epi32(_mm512_mul_ps(x, iv16));
-    };
-    for (int g = 0; g < kV / 4; ++g) {  // as QuantizeRow's 64 weights a step
-      const __m512i ab = _mm512_packs_epi32(at(4 * g), at(4 * g + 1)),
-                    cd = _mm512_packs_epi32(at(4 * g + 2), at(4 * g + 3));
-      _mm512_storeu_si512(out + 64 * g, _mm512_permutexvar_epi32(order16, _mm512_packs_epi16(ab, cd)));
-    }
+    const RoundingScale rs(m, 127);
+    for (int g = 0; g < kV / 4; ++g)  // as QuantizeRow's 64 weights a step
+      _mm512_storeu_si512(out + 64 * g,
+                          RoundPack64(rs, s[4 * g].raw, s[4 * g + 1].raw, s[4 * g + 2].raw, s[4 * g + 3].raw));
     ws[j] = m / 127.0f;
   }
 }
@@ -1298,7 +1316,8 @@ HWY_INLINE void KeyWeightsInt8V(const half_bits* HWY_RESTRICT params, const floa
 constexpr std::int64_t kFusedKeyDim = 256;
 
 // key_weights_int8 on the other fixed-size targets (and AVX-512's other
-// widths): KeyWeights' vector path and QuantizeRow<1> per query in one call,
+// widths): KeyWeights' vector path (QueryProducts, ChannelsToSlots) and
+// QuantizeRow<1> per query in one call,
 // with their operations (the same bytes and floats), from the halves on; the
 // products go through two small buffers (channel order, then slot order)
 // instead of the three steps' dispatched calls and passes over the group.
@@ -1318,19 +1337,9 @@ HWY_INLINE void KeyWeightsInt8Lanes(const half_bits* HWY_RESTRICT params, const 
     hn::Store(hn::ConcatEven(df, b, a), df, delta + c);
     hn::StoreU(hn::ConcatOdd(df, b, a), df, kmin + c);
   }
-  const auto sv = hn::Set(df, scale);
   for (std::int64_t j = 0; j < nq; ++j) {
-    const float* qj = q + j * q_stride;
-    auto bv = hn::Zero(df), mv = bv;
-    for (std::int64_t c = 0; c < dim; c += N) {
-      const auto qs = hn::Mul(sv, hn::LoadU(df, qj + c));
-      bv = hn::MulAdd(qs, hn::LoadU(df, kmin + c), bv);
-      const auto w = hn::Mul(qs, hn::Load(df, delta + c));
-      mv = hn::Max(mv, hn::Abs(w));
-      hn::Store(w, df, prod + c);
-    }
-    bias[j] = hn::GetLane(hn::SumOfLanes(df, bv));
-    const float m = hn::GetLane(hn::MaxOfLanes(df, mv));
+    float m = 0.0f;
+    QueryProducts(q + j * q_stride, delta, kmin, scale, dim, prod, bias[j], m);
     for (std::int64_t i = 0; i < run; i += N) ChannelsToSlots<kPer>(prod, run, i, slots);
     ws[j] = QuantizeRow<1>(slots, dim, w8 + j * dim, m);
   }
