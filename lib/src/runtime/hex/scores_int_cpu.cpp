@@ -501,23 +501,35 @@ void ScoresIntPer(D8 d8, int bits, const std::uint8_t* codes, std::int64_t rows,
 // interleavings and about 28 reduction operations per four rows on them, for
 // 32 dot products at a group of 4): each lane ends as one row's score.
 
-// acc[(j kPer + k) kL + l] += the products of column vector x (unit g) with
-// query j's limb l of phase k's weights.
-template <int kBits, int kQ, int kL, class D8>
-HWY_INLINE void TileProducts(D8 d8, hn::Vec<D8> x, const std::int8_t* w8, std::int64_t w8_stride, std::int64_t run,
-                             std::int64_t dim, std::int64_t g, hn::Vec<hn::Repartition<std::int32_t, D8>>* acc) {
+// acc[i kX + (j kPer + k) kL + l] += the products of slice i's column vector
+// x[i] (unit g) with query j's limb l of phase k's weights (kX = kQ kPer kL
+// sums a slice). Query by query, each broadcast weight serving every slice
+// at once: with the slices' calls apart, GCC 12 kept all kX weights of the
+// first alive for the second (at a group of 4 on AVX-512: 16 sums, 8
+// weights, 4 phase vectors and 2 masks in 32 registers), copied sums from
+// register to register around each VPDPBUSD and spilled two of them to the
+// stack, whose store-to-load latency then bound the loop.
+template <int kBits, int kQ, int kL, int kN, class D8>
+HWY_INLINE void TileProducts(D8 d8, const hn::Vec<D8>* x, const std::int8_t* w8, std::int64_t w8_stride,
+                             std::int64_t run, std::int64_t dim, std::int64_t g,
+                             hn::Vec<hn::Repartition<std::int32_t, D8>>* acc) {
   constexpr int kPer = IntPhases(kBits), kSp = CodeBits(kBits);
+  constexpr int kX = kQ * kPer * kL;
   const hn::Repartition<std::int8_t, D8> di8;
   const hn::Repartition<std::int32_t, D8> d32;
-  hn::Vec<D8> ph[kPer];
-  Unroll<kPer>([&](auto k) KVCAL_INLINE_LAMBDA { ph[k] = KernelPhaseBytes<kMaskedPhases, kBits, k, kSp>(d8, x); });
+  hn::Vec<D8> ph[kN][kPer];
+  Unroll<kN>([&](auto i) KVCAL_INLINE_LAMBDA {
+    Unroll<kPer>([&](auto k)
+                     KVCAL_INLINE_LAMBDA { ph[i][k] = KernelPhaseBytes<kMaskedPhases, kBits, k, kSp>(d8, x[i]); });
+  });
   Unroll<kQ>([&](auto j) KVCAL_INLINE_LAMBDA {
     Unroll<kPer>([&](auto k) KVCAL_INLINE_LAMBDA {
       Unroll<kL>([&](auto l) KVCAL_INLINE_LAMBDA {
         std::int32_t word;
         std::memcpy(&word, w8 + j * w8_stride + l * dim + k * run + 4 * g, sizeof word);
+        const auto w = hn::BitCast(di8, hn::Set(d32, word));
         constexpr int x0 = (decltype(j)::value * kPer + decltype(k)::value) * kL + decltype(l)::value;
-        acc[x0] = DotBytes(d8, ph[k], hn::BitCast(di8, hn::Set(d32, word)), acc[x0]);
+        Unroll<kN>([&](auto i) KVCAL_INLINE_LAMBDA { acc[i * kX + x0] = DotBytes(d8, ph[i][k], w, acc[i * kX + x0]); });
       });
     });
   });
@@ -573,6 +585,7 @@ KVCAL_FLATTEN void ScoresIntTiles(D8 d8, const std::uint8_t* codes, std::int64_t
     // scores_tiles/int8/3/4/96 on a 2-vCPU Intel Xeon guest (AVX3_DL):
     // 513-677 ns with the test inside, 294-417 without (4 bits: 296-469).
     const auto unit = [&](std::int64_t g, auto last) KVCAL_INLINE_LAMBDA {
+      hn::Vec<D8> x[kN];
       Unroll<kN>([&](auto i) KVCAL_INLINE_LAMBDA {
         const std::uint8_t* p = base[i] + g * column;
         __builtin_prefetch(p + ahead, 0, 3);
@@ -581,8 +594,9 @@ KVCAL_FLATTEN void ScoresIntTiles(D8 d8, const std::uint8_t* codes, std::int64_t
           std::memcpy(pad, p, static_cast<std::size_t>(kRows * kU));
           p = pad;
         }
-        TileProducts<kBits, kQ, kL>(d8, IntBytes<kBits>(d8, p, g3), w8, w8_stride, run, dim, g, acc + i * kX);
+        x[i] = IntBytes<kBits>(d8, p, g3);
       });
+      TileProducts<kBits, kQ, kL, kN>(d8, x, w8, w8_stride, run, dim, g, acc);
     };
     const bool last = kBits == 3 && s0 + kN == slices;
     const std::int64_t whole = last ? units - 1 : units;
@@ -629,14 +643,15 @@ KVCAL_FLATTEN void ScoresIntLastTile(D8 d8, const std::uint8_t* codes, std::int6
         // A masked load (no access past the mask's bytes).
         if constexpr (kBits != 3) {
           const auto x = hn::MaskedLoad(hn::FirstN(d8, static_cast<std::size_t>(end - p)), d8, p);
-          TileProducts<kBits, kQ, kL>(d8, x, w8, w8_stride, run, dim, g, acc);
+          TileProducts<kBits, kQ, kL, 1>(d8, &x, w8, w8_stride, run, dim, g, acc);
           continue;
         }
 #endif
         std::memcpy(pad, p, static_cast<std::size_t>(end - p));
         p = pad;
       }
-      TileProducts<kBits, kQ, kL>(d8, IntBytes<kBits>(d8, p, g3), w8, w8_stride, run, dim, g, acc);
+      const auto x = IntBytes<kBits>(d8, p, g3);
+      TileProducts<kBits, kQ, kL, 1>(d8, &x, w8, w8_stride, run, dim, g, acc);
     }
     const auto m = static_cast<std::size_t>(std::min(kRows, n - r0));
     Unroll<kQ>([&](auto j) {
