@@ -520,9 +520,14 @@ HWY_INLINE void ExpandedVectors(const half_bits* HWY_RESTRICT x, const std::uint
 // bench_kernels run_entries/keys on a 2-vCPU Intel Xeon guest (AVX3_DL),
 // interleaved runs of 5, group 1 114-117 -> 96-99 ns, group 4 168-173 ->
 // 134-141 ns.
+// The job is a copy of its own: through the caller's reference GCC loaded
+// its fields again after every store of scores (bench_kernels
+// run_entries/keys, Zen 5, 2 interleaved runs: group 4 112-113 -> 91-92 ns,
+// group 1 48-50 -> 45-47 ns; the queries' loop unrolled at compile time
+// besides was no faster).
 template <int kG, class Lookup>
 struct KeyRunPass {
-  const KeyRunJob& job;
+  const KeyRunJob job;
   Lookup lookup;
   ExpandedCursor<kG> cursor;
   KeyRunPass(const KeyRunJob& j, const Lookup& l) : job(j), lookup(l), cursor{j.x, j.kept, j.nk, j.tokens} {}
