@@ -570,7 +570,8 @@ KVCAL_FLATTEN void ScoresIntTiles(D8 d8, const std::uint8_t* codes, std::int64_t
   // by slice as the codes arrive. (The joint order with one query, 4-bit
   // codes: faster in cache, bench_kernels scores_tiles/int8/4/1/96 93-103 ->
   // 82-90 ns, but from memory hex4@int8 and kcvt4@int8 decode over 32K
-  // tokens, one thread, Zen 5, took 4-22% more time.)
+  // tokens, one thread, Zen 5, 5 rounds: hex4 4-12% more time, kcvt4 from
+  // 4% less to 22% more.)
   constexpr bool kJoint = kX >= 8;
   const hn::Repartition<std::int32_t, D8> d32;
   const Groups3<D8> g3;
