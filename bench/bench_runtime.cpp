@@ -21,7 +21,9 @@
 //    compared with.
 // The context line simd_target names the kernels' SIMD target on this host
 // (KVCAL_BENCH_TARGET forces another: see force_target.h), prefetch_far how
-// far ahead the code kernels request codes in memory (KVCAL_PREFETCH_FAR).
+// far ahead the code kernels request codes in memory (KVCAL_PREFETCH_FAR),
+// prefetch_near how many rows ahead they request lines into L1
+// (KVCAL_PREFETCH_NEAR).
 // Keys and values are Gaussian with a few outlier channels, the shape real
 // keys have; the expander mask is generated and certified like the runtime does.
 #include <benchmark/benchmark.h>
@@ -216,6 +218,9 @@ int register_all() {
   benchmark::AddCustomContext("prefetch_far", std::to_string(rt::prefetch_far_bytes(2)) + " B (2-bit), " +
                                                   std::to_string(rt::prefetch_far_bytes(3)) + " B (3-bit), " +
                                                   std::to_string(rt::prefetch_far_bytes(4)) + " B (4-bit)");
+  // How many rows ahead they request lines into L1 (key tiles, value kernel).
+  benchmark::AddCustomContext("prefetch_near", std::to_string(rt::prefetch_near_rows(false)) + " rows (keys), " +
+                                                   std::to_string(rt::prefetch_near_rows(true)) + " rows (values)");
   for (const char* m : kMethods) {
     if (std::string(m) != "fp16" && std::string(m).find('@') == std::string::npos)
       benchmark::RegisterBenchmark((std::string("compress_block/") + m).c_str(), compress_block, std::string(m))

@@ -83,7 +83,8 @@ def parse_env(spec):
 def run_once(binary, env, bench_filter, reps):
     """Fastest repetition of each benchmark, {name: (ms, bytes/s, kv_size_pct)}, the
     kernels' SIMD target the binary reported (its context's simd_target) and how far
-    ahead its code kernels requested codes (prefetch_far; None from binaries without it)."""
+    ahead its code kernels requested codes: (prefetch_far, prefetch_near), each None
+    from binaries without it."""
     cmd = [binary, f"--benchmark_filter={bench_filter}", f"--benchmark_repetitions={reps}", "--benchmark_format=json"]
     p = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, **env})
     if p.returncode != 0:
@@ -93,7 +94,7 @@ def run_once(binary, env, bench_filter, reps):
         out = json.loads(p.stdout) if p.stdout.strip() else {}
         found = out.get("benchmarks", [])
         target = out.get("context", {}).get("simd_target", "unknown")
-        far = out.get("context", {}).get("prefetch_far")
+        far = out.get("context", {}).get("prefetch_far"), out.get("context", {}).get("prefetch_near")
     except (ValueError, AttributeError) as e:
         die(f"{binary} printed no benchmark results ({e})")
     best = {}
@@ -182,7 +183,7 @@ def main():
         die(f"two runs labelled {', '.join(twice)} (the same build, library or --env label twice)")
     rounds = {label: [] for label in labels}
     targets = {}  # the kernels' SIMD target each run reported
-    fars = {}  # and how far ahead its code kernels requested codes
+    fars = {}  # and how far ahead its code kernels requested codes (far, near)
     for i in range(a.rounds):
         for label, binary, e in runs:
             print(f"round {i + 1}/{a.rounds}: {label}", file=sys.stderr, flush=True)
@@ -198,10 +199,12 @@ def main():
     if a.layers:
         threads += f", {a.layers} cop{'y' if a.layers == 1 else 'ies'} of the layer"
     report = {"runs": labels, "rounds": a.rounds, "reps": a.reps, "threads": a.threads, "layers": a.layers,
-              "filter": a.filter, "simd_targets": targets, "prefetch_far": fars,
+              "filter": a.filter, "simd_targets": targets,
+              "prefetch_far": {k: v[0] for k, v in fars.items()}, "prefetch_near": {k: v[1] for k, v in fars.items()},
               "figures": {}, "goals": {}}
     for label in labels:
-        far = f"; far requests: {fars[label]}" if fars[label] else ""
+        far = f"; far requests: {fars[label][0]}" if fars[label][0] else ""
+        far += f"; near requests: {fars[label][1]}" if fars[label][1] else ""
         print(f"\n{label} (kernels: {targets[label]}{far}): fastest of {a.reps}, ms, by round ({threads})")
         for n in names:
             print(f"  {n:28s} " + "  ".join(f"{r[n][0]:8.3f}" for r in rounds[label]))

@@ -152,15 +152,17 @@ class BenchDecodeArguments(unittest.TestCase):
             self.assertEqual(r.returncode, 2, r.stderr)
             self.assertIn(f"two runs labelled {d}", r.stderr)
 
-    def fake_build(self, root, name, target, ms, far=None):
+    def fake_build(self, root, name, target, ms, far=None, near=None):
         """A build tree whose bench_runtime prints one benchmark's JSON, as Google Benchmark does
-        (far: its prefetch_far context line; None: a binary without one)."""
+        (far, near: its prefetch_far and prefetch_near context lines; None: a binary without one)."""
         d = os.path.join(root, name)
         os.makedirs(os.path.join(d, "bin"))
         exe = os.path.join(d, "bin", "bench_runtime")
         context = {"simd_target": target}
         if far is not None:
             context["prefetch_far"] = far
+        if near is not None:
+            context["prefetch_near"] = near
         doc = {"context": context,
                "benchmarks": [{"run_name": "decode/hex4@int8/1/real_time", "run_type": "iteration",
                                "real_time": ms, "time_unit": "ms", "bytes_per_second": 1e9, "kv_size_pct": 31.5}]}
@@ -174,14 +176,16 @@ class BenchDecodeArguments(unittest.TestCase):
         # in the JSON report, and a warning that the runs differ; two on the
         # same target, no warning.
         with tempfile.TemporaryDirectory() as root:
-            a = self.fake_build(root, "a", "AVX3_DL", 2.0, far="8192 B (3-bit), 16384 B (4-bit)")
+            a = self.fake_build(root, "a", "AVX3_DL", 2.0, far="8192 B (3-bit), 16384 B (4-bit)",
+                                near="96 rows (keys), 64 rows (values)")
             b = self.fake_build(root, "b", "AVX3+AVX512-VNNI", 2.5)
             c = self.fake_build(root, "c", "AVX3_DL", 2.2)
             out = os.path.join(root, "report.json")
             r = self.bench("--build", a, "--build", b, "--filter", "^decode/hex4@int8/1/", "--rounds", "1",
                            "--reps", "1", "--json", out)
             self.assertEqual(r.returncode, 0, r.stderr)
-            self.assertIn(f"{a} (kernels: AVX3_DL; far requests: 8192 B (3-bit), 16384 B (4-bit))", r.stdout)
+            self.assertIn(f"{a} (kernels: AVX3_DL; far requests: 8192 B (3-bit), 16384 B (4-bit); "
+                          "near requests: 96 rows (keys), 64 rows (values))", r.stdout)
             self.assertIn(f"{b} (kernels: AVX3+AVX512-VNNI):", r.stdout)  # no distance reported
             self.assertIn("the runs used different SIMD targets", r.stderr)
             self.assertIn("decode/hex4@int8/1           0.80", r.stdout)  # 2.0 / 2.5 ms
@@ -189,6 +193,7 @@ class BenchDecodeArguments(unittest.TestCase):
                 report = json.load(f)
             self.assertEqual(report["simd_targets"], {a: "AVX3_DL", b: "AVX3+AVX512-VNNI"})
             self.assertEqual(report["prefetch_far"], {a: "8192 B (3-bit), 16384 B (4-bit)", b: None})
+            self.assertEqual(report["prefetch_near"], {a: "96 rows (keys), 64 rows (values)", b: None})
             r = self.bench("--build", a, "--build", c, "--filter", "^decode/hex4@int8/1/", "--rounds", "1",
                            "--reps", "1")
             self.assertEqual(r.returncode, 0, r.stderr)

@@ -22,5 +22,9 @@ std::string simd_target() {
 }
 
 std::int64_t prefetch_far_bytes(int bits) { return detail::prefetch_far_bytes(bits); }
+std::int64_t prefetch_near_rows(bool values) {
+  const detail::NearRows n = detail::prefetch_near_rows();
+  return values ? n.values : n.keys;
+}
 
 }  // namespace kvcal::runtime

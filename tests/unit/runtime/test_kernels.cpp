@@ -856,6 +856,69 @@ TEST(HexKernels, FarRequestDistanceIsChosenPerCpuAndLeavesResultsAlone) {
   });
 }
 
+// The near requests' distance (prefetch.cpp): 96 rows for the key tiles and
+// 64 for the values unless KVCAL_PREFETCH_NEAR holds a whole number of rows
+// in [0, 4096], which sets both (anything else in it ignored); and the tile
+// kernels' results the same at any distance (requests past the end of the
+// codes, up to 4096 rows beyond these small buffers, read nothing).
+TEST(HexKernels, NearRequestDistanceLeavesResultsAlone) {
+  using T = std::pair<i64, i64>;  // keys, values
+  const auto chosen = [](const char* env) {
+    const NearRows n = choose_prefetch_near(env);
+    return T(n.keys, n.values);
+  };
+  EXPECT_EQ(chosen(nullptr), T(96, 64));
+  EXPECT_EQ(chosen("48"), T(48, 48));
+  EXPECT_EQ(chosen("0"), T(0, 0));
+  EXPECT_EQ(chosen("4096"), T(4096, 4096));
+  for (const char* bad : {"", "4097", "99999999", "-1", "48 rows", " 48", "0x30", "1e3"})
+    EXPECT_EQ(chosen(bad), T(96, 64)) << "'" << bad << "'";
+
+  struct Restore {
+    NearRows n;
+    ~Restore() { set_prefetch_near(n); }
+  } restore{set_prefetch_near(NearRows{})};
+  EXPECT_EQ(prefetch_near_rows().keys, 96);
+  EXPECT_EQ(prefetch_near_rows().values, 64);
+  on_every_target([] {
+    std::mt19937_64 rng(0x6e656172);
+    std::uniform_int_distribution<int> byte(0, 255), w8(-127, 127);
+    const i64 dim = 128, rows = 94, nq = 4;
+    for (const int bits : {2, 3, 4}) {
+      const i64 rb = dim * bits / 8;
+      std::vector<std::uint8_t> codes(static_cast<std::size_t>(rows * rb));
+      for (auto& c : codes) c = static_cast<std::uint8_t>(byte(rng));
+      std::vector<std::int8_t> w(static_cast<std::size_t>(nq * dim)), a(static_cast<std::size_t>(nq * rows));
+      for (auto& x : w) x = static_cast<std::int8_t>(w8(rng));
+      for (auto& x : a) x = static_cast<std::int8_t>(w8(rng));
+      std::vector<std::int32_t> sref(static_cast<std::size_t>(nq * rows)), aref(static_cast<std::size_t>(nq * dim));
+      code_scores_int_reference(codes.data(), rows, rb, bits, dim, 1, w.data(), nq, dim, sref.data(), rows);
+      code_accumulate_int_reference(codes.data(), rows, rb, bits, dim, 1, a.data(), nq, rows, aref.data(), dim);
+      std::vector<std::uint8_t> ktiles(codes.size()), vtiles(codes.size());
+      const bool keys_tiled = key_tiles_layout(bits, dim), values_tiled = value_tiles_layout(bits, dim, 1);
+      if (keys_tiled) rows_to_key_tiles(codes.data(), rows, rb, bits, ktiles.data());
+      if (values_tiled) rows_to_value_tiles(codes.data(), rows, rb, vtiles.data());
+      for (const i64 near : {i64{0}, i64{1}, i64{48}, i64{96}, i64{4096}}) {
+        SCOPED_TRACE("bits " + std::to_string(bits) + " near " + std::to_string(near));
+        set_prefetch_near(NearRows{near, near});
+        ASSERT_EQ(prefetch_near_rows().keys, near);
+        ASSERT_EQ(prefetch_near_rows().values, near);
+        std::vector<std::int32_t> s(sref.size(), -7), acc(aref.size(), 0);
+        if (keys_tiled)
+          code_scores_int_tiles(ktiles.data(), rows, rb, bits, dim, 1, w.data(), nq, dim, s.data(), rows);
+        else
+          code_scores_int(codes.data(), rows, rb, bits, dim, 1, w.data(), nq, dim, s.data(), rows);
+        if (values_tiled)
+          code_accumulate_int_tiles(vtiles.data(), rows, rb, bits, dim, 1, a.data(), nq, rows, acc.data(), dim);
+        else
+          code_accumulate_int(codes.data(), rows, rb, bits, dim, 1, a.data(), nq, rows, acc.data(), dim);
+        ASSERT_EQ(s, sref);
+        ASSERT_EQ(acc, aref);
+      }
+    }
+  });
+}
+
 // Key tiles (the layer cache's key layout for the integer score kernels):
 // the layout checked byte by byte against its definition, the round trip
 // exact, and the tiled score kernel equal to the row reference bit for bit on

@@ -62,4 +62,13 @@ KVCAL_RUNTIME_API std::string simd_target();
 // and bug reports.
 KVCAL_RUNTIME_API std::int64_t prefetch_far_bytes(int bits);
 
+// How many rows ahead of the rows they read the CPU decode's integer kernels
+// request lines into L1 on this host: the key tiles' score kernel (values
+// false) or the value kernel (values true): 96 rows for the keys and 64 for
+// the values; KVCAL_PREFETCH_NEAR=<rows> in the environment (0 to 4096) sets
+// both instead (read when the library loads),
+// and a value outside that range or not a number is ignored. For benchmarks
+// and bug reports.
+KVCAL_RUNTIME_API std::int64_t prefetch_near_rows(bool values);
+
 }  // namespace kvcal::runtime

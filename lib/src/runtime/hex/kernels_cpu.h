@@ -93,6 +93,26 @@ std::int64_t prefetch_far_bytes(int bits);
 // returns the previous ones.
 FarBytes set_prefetch_far(FarBytes f);
 
+// How many rows ahead of the rows they read the integer code kernels
+// request lines into L1 (their near requests): the key tiles' kernel
+// (ScoresIntTiles, scores_int_cpu.cpp) and the value kernel's first pass
+// (AccumulateIntQ, values_int_cpu.cpp). Set once when the library loads
+// (prefetch.cpp): choose_prefetch_near for KVCAL_PREFETCH_NEAR.
+extern std::int64_t near_rows_keys, near_rows_values;
+struct NearRows {
+  std::int64_t keys = 96, values = 64;
+};
+// 96 rows for the key tiles and 64 for the values on every CPU (prefetch.cpp
+// has the timings of other distances). env, the value of KVCAL_PREFETCH_NEAR
+// (null: unset), sets both instead where it is a whole number of rows in
+// [0, 4096] and is ignored otherwise (prefetch_near_rows tells what is in
+// effect): for timing other distances without a rebuild.
+NearRows choose_prefetch_near(const char* env);
+NearRows prefetch_near_rows();
+// Sets both (tests, benchmarks; not while kernels run) and returns the
+// previous ones.
+NearRows set_prefetch_near(NearRows n);
+
 // sum_i a[i] * b[i].
 float dot(const float* a, const float* b, std::int64_t n);
 // y[i] += w * x[i].

@@ -22,6 +22,15 @@
 // 3 interleaved rounds, hex4@int8 in the same runs within 0.94-1.06), so
 // Zen 5 with AVX-512 requests 2-bit rows 4 KiB ahead; other CPUs, untimed at
 // that distance, make none.
+//
+// The near requests (into L1, near_rows_keys and near_rows_values rows ahead
+// of the key tiles' and the value kernel's reads) are the same on every CPU:
+// 96 and 64 rows. On the Zen 4 guest shorter ones helped only hex4: 48 rows
+// for both took 4-22% off hex4@int8 decode over 32K tokens (one thread, 3
+// interleaved rounds, groups of 1 and 4) but added 8-17% to hex3@int8, 3-9%
+// to hex2@int8 and up to 15% to kcvt4@int8; 48 for the keys alone, 3-13% off
+// hex4 and up to 10% more for the other three. KVCAL_PREFETCH_NEAR=<rows>
+// sets both, to time other distances without a rebuild.
 #include <cstdlib>
 #include <cstring>
 
@@ -34,23 +43,31 @@
 
 namespace kvcal::runtime::detail {
 
+namespace {
+// env as a whole number in [0, max] (at most 7 digits), or -1.
+std::int64_t env_count(const char* env, std::int64_t max) {
+  if (env == nullptr || *env == '\0' || std::strlen(env) > 7) return -1;
+  std::int64_t v = 0;
+  for (const char* c = env; *c != '\0'; ++c) {
+    if (*c < '0' || *c > '9') return -1;
+    v = 10 * v + (*c - '0');
+  }
+  return v <= max ? v : -1;
+}
+}  // namespace
+
 FarBytes choose_prefetch_far(unsigned amd_family, bool avx512, const char* env) {
   FarBytes f;
   if ((amd_family == 0x19u || amd_family == 0x1au) && avx512) f.bits4 = 16384;
   if (amd_family == 0x1au && avx512) f.bits2 = 4096;
-  if (env != nullptr && *env != '\0' && std::strlen(env) <= 7) {
-    std::int64_t v = 0;
-    bool digits = true;
-    for (const char* c = env; *c != '\0'; ++c) {
-      if (*c < '0' || *c > '9') {
-        digits = false;
-        break;
-      }
-      v = 10 * v + (*c - '0');
-    }
-    if (digits && v <= (std::int64_t{1} << 20)) f.bits2 = f.bits3 = f.bits4 = v;
-  }
+  if (const std::int64_t v = env_count(env, std::int64_t{1} << 20); v >= 0) f.bits2 = f.bits3 = f.bits4 = v;
   return f;
+}
+
+NearRows choose_prefetch_near(const char* env) {
+  NearRows n;
+  if (const std::int64_t v = env_count(env, 4096); v >= 0) n.keys = n.values = v;
+  return n;
 }
 
 namespace {
@@ -94,6 +111,16 @@ namespace {
 }();
 }  // namespace
 
+std::int64_t near_rows_keys = NearRows{}.keys, near_rows_values = NearRows{}.values;
+namespace {
+[[maybe_unused]] const bool near_rows_set = [] {
+  const NearRows n = choose_prefetch_near(std::getenv("KVCAL_PREFETCH_NEAR"));
+  near_rows_keys = n.keys;
+  near_rows_values = n.values;
+  return true;
+}();
+}  // namespace
+
 std::int64_t prefetch_far_bytes(int bits) { return bits >= 2 && bits <= 4 ? far_bytes_by_bits[bits] : 0; }
 
 FarBytes set_prefetch_far(FarBytes f) {
@@ -101,6 +128,15 @@ FarBytes set_prefetch_far(FarBytes f) {
   far_bytes_by_bits[2] = f.bits2;
   far_bytes_by_bits[3] = f.bits3;
   far_bytes_by_bits[4] = f.bits4;
+  return old;
+}
+
+NearRows prefetch_near_rows() { return NearRows{near_rows_keys, near_rows_values}; }
+
+NearRows set_prefetch_near(NearRows n) {
+  const NearRows old = prefetch_near_rows();
+  near_rows_keys = n.keys;
+  near_rows_values = n.values;
   return old;
 }
 

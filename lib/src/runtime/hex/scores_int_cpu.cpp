@@ -548,8 +548,9 @@ HWY_INLINE V TileScore(const V* acc) {
 }
 
 // Whole tiles, kS slices (vectors of kRows rows of a tile's unit columns) at
-// a time, for independent sums. The lines 96 rows ahead of each read are
-// requested into L1 (as ScoresIntT4 does; a tile ahead, they came too late:
+// a time, for independent sums. The lines near_rows_keys rows ahead of each
+// read (96 rows; prefetch.cpp) are requested into L1 (as
+// ScoresIntT4 does; on a Zen 5 host a tile ahead came too late:
 // hex4@int8 decode over 32K tokens, one thread, 4-5% slower at a group of 1
 // than the row layout, then on a par), and those far_bytes_by_bits ahead
 // (PrefetchFar): one of each per line read.
@@ -575,8 +576,7 @@ KVCAL_FLATTEN void ScoresIntTiles(D8 d8, const std::uint8_t* codes, std::int64_t
   constexpr bool kJoint = kX >= 8;
   const hn::Repartition<std::int32_t, D8> d32;
   const Groups3<D8> g3;
-  const std::int64_t units = row_bytes / kU, slices = tiles * kV, column = kT * kU,
-                     ahead = 2 * kPrefetchRows * row_bytes;
+  const std::int64_t units = row_bytes / kU, slices = tiles * kV, column = kT * kU, ahead = near_rows_keys * row_bytes;
   [[maybe_unused]] HWY_ALIGN std::uint8_t pad[hn::MaxLanes(d8)] = {};
   const auto pass = [&](std::int64_t s0, auto n_c) KVCAL_INLINE_LAMBDA {
     constexpr int kN = decltype(n_c)::value;

@@ -332,7 +332,7 @@ KVCAL_FLATTEN void AccumulateIntQ(D8 d8, const std::uint8_t* codes, std::int64_t
   constexpr int kPer = IntPhases(kBits), kX = kQ * kPer;
   constexpr int kFit = kAccVectors / (kL * kX);
   constexpr int kM = kFit >= 4 ? 4 : kFit >= 2 ? 2 : 1;
-  constexpr std::int64_t kAhead = 64;  // rows requested ahead of the first pass
+  const std::int64_t ahead = near_rows_values;  // rows requested ahead of the first pass (prefetch.cpp)
   const hn::Repartition<std::int32_t, D8> d32;
   const auto N = static_cast<std::int64_t>(hn::Lanes(d8));
   const auto N32 = static_cast<std::int64_t>(hn::Lanes(d32));
@@ -374,7 +374,7 @@ KVCAL_FLATTEN void AccumulateIntQ(D8 d8, const std::uint8_t* codes, std::int64_t
       return kTiled ? codes + r * row_bytes + 4 * at + k * (kBits == 3 ? 3 * N / 4 : N)
                     : codes + (r + k) * row_bytes + at;
     };
-    for (std::int64_t r = 0; r < std::min(rows, kAhead); r += 4)
+    for (std::int64_t r = 0; r < std::min(rows, ahead); r += 4)
       for (int k = 0; k < 4; ++k) __builtin_prefetch(line(r, k), 0, 3);
     // The transposed vectors a pass covers, fixed at compile time (the
     // interleavings of Transpose4::Apply chosen without a branch).
@@ -431,7 +431,7 @@ KVCAL_FLATTEN void AccumulateIntQ(D8 d8, const std::uint8_t* codes, std::int64_t
         std::int64_t r = r0;
         for (; r + 4 <= std::min(r1, direct); r += 4) {  // whole groups: no padding, four weights in one load
           if (m0 == 0) {                                 // the first pass streams the rows in; past the end is harmless
-            for (int k = 0; k < 4; ++k) __builtin_prefetch(line(r + kAhead, k), 0, 3);
+            for (int k = 0; k < 4; ++k) __builtin_prefetch(line(r + ahead, k), 0, 3);
             if (far && i == 0) PrefetchFar<kBits>(codes + r * row_bytes, 4 * row_bytes);
           }
           const auto weights = [&](const std::int8_t* w) KVCAL_INLINE_LAMBDA { return Weights4(d8, w, r, r + 4); };
