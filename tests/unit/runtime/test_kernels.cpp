@@ -795,6 +795,31 @@ TEST(HexKernels, IntegerCodeKernelsEqualReferenceExactly) {
   });
 }
 
+// Random bits-bit rows of 128 codes, four queries' int8 weights for scores
+// (w) and for values (a), and the scalar references' sums of both (one limb).
+struct RandomCodeRows {
+  static constexpr i64 dim = 128, nq = 4;
+  i64 rows, rb;
+  std::vector<std::uint8_t> codes;
+  std::vector<std::int8_t> w, a;
+  std::vector<std::int32_t> sref, aref;
+  RandomCodeRows(int bits, i64 n, std::mt19937_64& rng)
+      : rows(n),
+        rb(dim * bits / 8),
+        codes(static_cast<std::size_t>(n * rb)),
+        w(static_cast<std::size_t>(nq * dim)),
+        a(static_cast<std::size_t>(nq * n)),
+        sref(static_cast<std::size_t>(nq * n)),
+        aref(static_cast<std::size_t>(nq * dim)) {
+    std::uniform_int_distribution<int> byte(0, 255), w8(-127, 127);
+    for (auto& c : codes) c = static_cast<std::uint8_t>(byte(rng));
+    for (auto& x : w) x = static_cast<std::int8_t>(w8(rng));
+    for (auto& x : a) x = static_cast<std::int8_t>(w8(rng));
+    code_scores_int_reference(codes.data(), rows, rb, bits, dim, 1, w.data(), nq, dim, sref.data(), rows);
+    code_accumulate_int_reference(codes.data(), rows, rb, bits, dim, 1, a.data(), nq, rows, aref.data(), dim);
+  }
+};
+
 // The far requests' distance (prefetch.cpp): 8 KiB for 3- and 4-bit codes
 // and none for 2-bit ones; 16 KiB for 4-bit codes on AMD families 0x19 and
 // 0x1a with AVX-512 (Zen 4, Zen 5) and 4 KiB for 2-bit codes on 0x1a with
@@ -830,27 +855,17 @@ TEST(HexKernels, FarRequestDistanceIsChosenPerCpuAndLeavesResultsAlone) {
   } restore{set_prefetch_far(FarBytes{})};
   on_every_target([] {
     std::mt19937_64 rng(0x66617231);
-    std::uniform_int_distribution<int> byte(0, 255), w8(-127, 127);
-    const i64 dim = 128, rows = 96, nq = 4;
     for (const int bits : {2, 3, 4}) {
-      const i64 rb = dim * bits / 8;
-      std::vector<std::uint8_t> codes(static_cast<std::size_t>(rows * rb));
-      for (auto& c : codes) c = static_cast<std::uint8_t>(byte(rng));
-      std::vector<std::int8_t> w(static_cast<std::size_t>(nq * dim)), a(static_cast<std::size_t>(nq * rows));
-      for (auto& x : w) x = static_cast<std::int8_t>(w8(rng));
-      for (auto& x : a) x = static_cast<std::int8_t>(w8(rng));
-      std::vector<std::int32_t> sref(static_cast<std::size_t>(nq * rows)), aref(static_cast<std::size_t>(nq * dim));
-      code_scores_int_reference(codes.data(), rows, rb, bits, dim, 1, w.data(), nq, dim, sref.data(), rows);
-      code_accumulate_int_reference(codes.data(), rows, rb, bits, dim, 1, a.data(), nq, rows, aref.data(), dim);
+      const RandomCodeRows c(bits, 96, rng);
       for (const i64 far : {i64{0}, i64{64}, i64{8192}, i64{16384}, i64{1} << 20}) {
         SCOPED_TRACE("bits " + std::to_string(bits) + " far " + std::to_string(far));
         set_prefetch_far(FarBytes{far, far, far});
         ASSERT_EQ(prefetch_far_bytes(bits), far);
-        std::vector<std::int32_t> s(sref.size(), -7), acc(aref.size(), 0);
-        code_scores_int(codes.data(), rows, rb, bits, dim, 1, w.data(), nq, dim, s.data(), rows);
-        code_accumulate_int(codes.data(), rows, rb, bits, dim, 1, a.data(), nq, rows, acc.data(), dim);
-        ASSERT_EQ(s, sref);
-        ASSERT_EQ(acc, aref);
+        std::vector<std::int32_t> s(c.sref.size(), -7), acc(c.aref.size(), 0);
+        code_scores_int(c.codes.data(), c.rows, c.rb, bits, c.dim, 1, c.w.data(), c.nq, c.dim, s.data(), c.rows);
+        code_accumulate_int(c.codes.data(), c.rows, c.rb, bits, c.dim, 1, c.a.data(), c.nq, c.rows, acc.data(), c.dim);
+        ASSERT_EQ(s, c.sref);
+        ASSERT_EQ(acc, c.aref);
       }
     }
   });
@@ -882,18 +897,12 @@ TEST(HexKernels, NearRequestDistanceLeavesResultsAlone) {
   EXPECT_EQ(prefetch_near_rows().values, 64);
   on_every_target([] {
     std::mt19937_64 rng(0x6e656172);
-    std::uniform_int_distribution<int> byte(0, 255), w8(-127, 127);
-    const i64 dim = 128, rows = 94, nq = 4;
     for (const int bits : {2, 3, 4}) {
-      const i64 rb = dim * bits / 8;
-      std::vector<std::uint8_t> codes(static_cast<std::size_t>(rows * rb));
-      for (auto& c : codes) c = static_cast<std::uint8_t>(byte(rng));
-      std::vector<std::int8_t> w(static_cast<std::size_t>(nq * dim)), a(static_cast<std::size_t>(nq * rows));
-      for (auto& x : w) x = static_cast<std::int8_t>(w8(rng));
-      for (auto& x : a) x = static_cast<std::int8_t>(w8(rng));
-      std::vector<std::int32_t> sref(static_cast<std::size_t>(nq * rows)), aref(static_cast<std::size_t>(nq * dim));
-      code_scores_int_reference(codes.data(), rows, rb, bits, dim, 1, w.data(), nq, dim, sref.data(), rows);
-      code_accumulate_int_reference(codes.data(), rows, rb, bits, dim, 1, a.data(), nq, rows, aref.data(), dim);
+      const RandomCodeRows c(bits, 94, rng);
+      const auto& codes = c.codes;
+      const auto &w = c.w, &a = c.a;
+      const auto &sref = c.sref, &aref = c.aref;
+      const i64 dim = c.dim, rows = c.rows, nq = c.nq, rb = c.rb;
       std::vector<std::uint8_t> ktiles(codes.size()), vtiles(codes.size());
       const bool keys_tiled = key_tiles_layout(bits, dim), values_tiled = value_tiles_layout(bits, dim, 1);
       if (keys_tiled) rows_to_key_tiles(codes.data(), rows, rb, bits, ktiles.data());
